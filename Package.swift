@@ -1,0 +1,47 @@
+// swift-tools-version: 6.0
+import PackageDescription
+
+// Keyhold: a credential vault for Linux. See ../shared/DESIGN.md and SECURITY.md.
+// Each target has one job; the privileged broker stays small and untrusted input is
+// parsed only in KeyholdProtocol.
+let package = Package(
+    name: "Keyhold",
+    products: [
+        .executable(name: "keyholdd", targets: ["keyholdd"]),
+        .executable(name: "keyhold", targets: ["keyhold"]),
+        .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
+    ],
+    targets: [
+        // C libraries from Debian's -dev packages. Module maps and shims only, no logic.
+        .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
+        .systemLibrary(name: "CPAM", pkgConfig: "pam", providers: [.apt(["libpam0g-dev"])]),
+        .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
+        .target(name: "CKeyholdOS"),
+
+        // Crypto, store, item and policy model, audit chain. No sockets, no terminals.
+        .target(
+            name: "KeyholdCore",
+            dependencies: ["CSodium", "CSQLite", "CKeyholdOS"],
+            resources: [.embedInCode("../../schema.sql")]
+        ),
+        // The broker wire protocol: frames and messages. All parsing of bytes from a peer.
+        .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore"]),
+        // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
+        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CKeyholdOS"]),
+        // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.
+        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdProtocol", "KeyholdAuth", "CKeyholdOS"]),
+        // The Swift API applications call. Holds no keys.
+        .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
+
+        .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
+        .executableTarget(name: "keyhold", dependencies: ["KeyholdClient"]),
+        .executableTarget(name: "keyhold-bench", dependencies: ["KeyholdClient", "KeyholdCore"]),
+
+        .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore"]),
+        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "keyholdd"]),
+        // Real broker over its real socket, driven through the client library and the CLI.
+        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "keyholdd", "keyhold"]),
+    ]
+)

@@ -1,0 +1,26 @@
+#define _GNU_SOURCE
+#include <stddef.h>
+#include <signal.h>
+#include <pthread.h>
+#include <sys/types.h>
+#include <sys/socket.h>
+#include <sys/prctl.h>
+#include "ckeyholdos.h"
+
+int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid) {
+    struct ucred c;
+    socklen_t len = sizeof(c);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &len) != 0) return -1;
+    *pid = c.pid; *uid = c.uid; *gid = c.gid;
+    return 0;
+}
+int ckh_set_dumpable(int on) { return prctl(PR_SET_DUMPABLE, (unsigned long)on, 0UL, 0UL, 0UL); }
+int ckh_get_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL); }
+int ckh_accept_cloexec(int fd) { return accept4(fd, NULL, NULL, SOCK_CLOEXEC); }
+int ckh_block_sigint(int block) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    return pthread_sigmask(block ? SIG_BLOCK : SIG_UNBLOCK, &set, NULL);
+}
+int ckh_set_parent_death_kill(void) { return prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0UL, 0UL, 0UL); }

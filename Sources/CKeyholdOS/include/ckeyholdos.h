@@ -1,0 +1,17 @@
+#ifndef CKEYHOLDOS_H
+#define CKEYHOLDOS_H
+#include <stdint.h>
+#include <sys/types.h>
+
+/* Kernel-verified credentials of a Unix-socket peer. 0 on success, -1 with errno. */
+int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid);
+/* prctl(PR_SET_DUMPABLE) and PR_GET_DUMPABLE (variadic prctl is not callable from Swift). */
+int ckh_set_dumpable(int on);
+int ckh_get_dumpable(void);
+/* accept4(..., SOCK_CLOEXEC). */
+int ckh_accept_cloexec(int fd);
+/* Block or unblock SIGINT in the calling thread (pam_fprintd cancels on a blocked SIGINT via signalfd). */
+int ckh_block_sigint(int block);
+/* Ask the kernel to SIGKILL this process when its parent dies (PAM helper processes). */
+int ckh_set_parent_death_kill(void);
+#endif

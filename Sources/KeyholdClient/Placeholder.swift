@@ -1,0 +1,1 @@
+// KeyholdClient: see the target's files.

@@ -1,0 +1,1 @@
+// KeyholdProtocol: see the target's files.
