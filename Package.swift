@@ -38,10 +38,13 @@ let package = Package(
         .executableTarget(name: "keyhold", dependencies: ["KeyholdClient"]),
         .executableTarget(name: "keyhold-bench", dependencies: ["KeyholdClient", "KeyholdCore"]),
 
+        // Shared test fixtures (broker, private D-Bus + fprintd + virtual reader). Tests only.
+        .target(name: "KeyholdTestSupport", dependencies: ["KeyholdCore"], path: "Tests/Support"),
+
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "keyholdd"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
-        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "keyholdd", "keyhold"]),
+        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdTestSupport", "keyholdd", "keyhold"]),
     ]
 )

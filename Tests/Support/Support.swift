@@ -1,0 +1,1 @@
+// Test support shared by the test targets: fixtures that start real services.
