@@ -28,7 +28,7 @@ let package = Package(
         // The broker wire protocol: frames and messages. All parsing of bytes from a peer.
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore"]),
         // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
-        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CKeyholdOS"]),
+        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
         // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.
         .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdProtocol", "KeyholdAuth", "CKeyholdOS"]),
         // The Swift API applications call. Holds no keys.
