@@ -34,8 +34,11 @@ let package = Package(
         // The Swift API applications call. Holds no keys.
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 
+        // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
+        .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore"]),
+
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
-        .executableTarget(name: "keyhold", dependencies: ["KeyholdClient"]),
+        .executableTarget(name: "keyhold", dependencies: ["KeyholdCLI"]),
         .executableTarget(name: "keyhold-bench", dependencies: ["KeyholdClient", "KeyholdCore"]),
 
         // Shared test fixtures (broker, private D-Bus + fprintd + virtual reader). Tests only.
@@ -43,6 +46,7 @@ let package = Package(
 
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
+        .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdTestSupport", "keyholdd", "keyhold"]),

@@ -1,6 +1,103 @@
-// STUB — replaced by the broker work.
+import Foundation
+import Glibc
+import Synchronization
+import CKeyholdOS
+import KeyholdAuth
+import KeyholdCore
+
+/// `keyholdd`'s start-up: harden the process, open the vault, listen, serve until SIGTERM.
 public enum BrokerMain {
     public static func run(arguments: [String]) -> Never {
-        fatalError("broker not built yet")
+        reexecWithoutBacktracer()
+        let options: BrokerOptions
+        do throws(BrokerOptions.ParseError) {
+            options = try BrokerOptions(parsing: arguments)
+        } catch .help {
+            print(BrokerOptions.usage)
+            exit(0)
+        } catch .bad(let why) {
+            fail("\(why)\n\(BrokerOptions.usage)", code: 2)
+        }
+        harden()
+
+        let store: VaultStore
+        do throws(StoreError) {
+            store = try VaultStore.open(stateDirectory: options.stateDirectory)
+        } catch {
+            fail("cannot open the vault in \(options.stateDirectory): \(error)")
+        }
+        let helper = ProcessFacts.executable(pid: getpid()) ?? CommandLine.arguments[0]
+        let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
+        let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory))
+
+        let listener: Int32
+        do throws(ListenerError) {
+            listener = try Listener.bind(path: options.socketPath, mode: options.socketMode)
+        } catch {
+            fail("cannot listen on \(options.socketPath): \(error)")
+        }
+        startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
+        broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
+        Listener.serve(listener, broker: broker)
+    }
+
+    /// The Swift runtime's crash backtracer prints registers, which may point at secret bytes.
+    /// It reads its setting at process start, so set it and start again.
+    static func reexecWithoutBacktracer() {
+        if let v = getenv("SWIFT_BACKTRACE"), String(cString: v) == "enable=no" { return }
+        setenv("SWIFT_BACKTRACE", "enable=no", 1)
+        var argv: [UnsafeMutablePointer<CChar>?] = CommandLine.arguments.map { strdup($0) }
+        argv.append(nil)
+        execv("/proc/self/exe", argv)
+        fail("cannot re-execute with the crash backtracer disabled (errno \(errno))")
+    }
+
+    /// No core dumps, no ptrace by same-uid processes, private files by default.
+    static func harden() {
+        var rl = rlimit(rlim_cur: 0, rlim_max: 0)
+        guard setrlimit(__rlimit_resource_t(RLIMIT_CORE.rawValue), &rl) == 0, ckh_set_dumpable(0) == 0 else {
+            fail("cannot disable core dumps")
+        }
+        umask(0o077)
+        signal(SIGPIPE, SIG_IGN)
+        // SIGTERM/SIGINT/SIGHUP are taken by one thread with sigwait; block them everywhere first.
+        var set = sigset_t()
+        sigemptyset(&set)
+        for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+    }
+
+    static func startSignalThread(broker: Broker, listener: Int32, socketPath: String) {
+        let thread = Thread {
+            var set = sigset_t()
+            sigemptyset(&set)
+            for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
+            var sig: Int32 = 0
+            while sigwait(&set, &sig) == 0 {
+                if sig == SIGHUP { continue }
+                broker.log("signal \(sig): shutting down")
+                unlink(socketPath)
+                shutdown(listener, Int32(SHUT_RDWR))
+                // Waits for the store call in flight, checkpoints, and never gives the lock back.
+                broker.closeAndExit()
+            }
+        }
+        thread.start()
+    }
+
+    static func fail(_ message: String, code: Int32 = 1) -> Never {
+        let text = "keyholdd: \(message)\n"
+        _ = text.withCString { write(2, $0, strlen($0)) }
+        exit(code)
+    }
+}
+
+extension Broker {
+    func closeAndExit() -> Never {
+        withStore { store -> Bool in
+            store.close()
+            exit(0)
+        }
+        exit(0)
     }
 }

@@ -1,1 +1,5 @@
-print("keyhold")
+import Glibc
+import KeyholdCLI
+
+// keyhold: the command-line client. All logic lives in KeyholdCLI.
+exit(KeyholdCommand.main(Array(CommandLine.arguments.dropFirst())))

@@ -26,6 +26,8 @@ public enum Limits {
     public static let maxTextBytes = 4096
     /// Longest reuse window, like `touchIDAuthenticationAllowableReuseDuration` (seconds).
     public static let maxReuseSeconds: UInt32 = 300
+    /// Longest prompt answer or application password.
+    public static let maxAnswerBytes = 4096
     /// Most allowed executables per item.
     public static let maxAllowedExecutables = 16
 }

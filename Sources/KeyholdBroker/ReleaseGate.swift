@@ -1,0 +1,257 @@
+import Glibc
+import Synchronization
+import KeyholdAuth
+import KeyholdCore
+import KeyholdProtocol
+
+/// How a request satisfied an item's policy; recorded in the audit entry.
+struct GrantedMethod: Sendable, Equatable {
+    var fingerprint = false
+    var password = false
+    var reuse = false
+    var appPassword = false
+
+    /// Stable audit text: none, password, fingerprint, reuse, app-password, or a `+` join.
+    var name: String {
+        var parts: [String] = []
+        if reuse { parts.append("reuse") }
+        if fingerprint { parts.append("fingerprint") }
+        if password { parts.append("password") }
+        if appPassword { parts.append("app-password") }
+        return parts.isEmpty ? "none" : parts.joined(separator: "+")
+    }
+}
+
+/// A denial: the outcome the caller sees, and a short non-secret detail.
+struct Denial: Error {
+    let outcome: Outcome
+    let detail: String?
+    var secondsLeft: UInt64? = nil
+    init(_ outcome: Outcome, _ detail: String? = nil, secondsLeft: UInt64? = nil) {
+        self.outcome = outcome
+        self.detail = detail
+        self.secondsLeft = secondsLeft
+    }
+}
+
+/// The one place that decides whether a caller may act on an item: allowed executables,
+/// biometric invalidation, lockout, reuse window, and the PAM conversation itself.
+/// Every release and every update of a protected item goes through `authorize`.
+final class ReleaseGate: Sendable {
+    /// PAM stacks the broker picks from a policy, so it knows which method succeeded.
+    enum Stack: String, Sendable {
+        case biometry = "keyhold-biometry"
+        case passcode = "keyhold-passcode"
+        case presence = "keyhold"    // fingerprint, then password
+    }
+
+    struct ReuseGrant: Sendable {
+        var at: Int64
+        var fingerprint: Bool
+        var password: Bool
+    }
+
+    struct ReuseKey: Hashable, Sendable {
+        let uid: UInt32
+        let session: Int32
+    }
+
+    static let maxFailuresBeforeLockout: UInt32 = 5
+    static let firstLockoutSeconds: Int64 = 60
+    static let longestLockoutSeconds: Int64 = 3600
+
+    let authenticator: PAMAuthenticator
+    let fprintStateDirectory: String
+    private let reuse = Mutex<[ReuseKey: ReuseGrant]>([:])
+
+    init(authenticator: PAMAuthenticator, fprintStateDirectory: String) {
+        self.authenticator = authenticator
+        self.fprintStateDirectory = fprintStateDirectory
+    }
+
+    // MARK: state without prompting
+
+    /// The biometric domain state of a user, read from fprintd's print store.
+    func domainState(user: String?) -> BiometryDomainState {
+        guard let user else { return .unreadable }
+        return BiometryStore.domainState(user: user, stateDirectory: fprintStateDirectory)
+    }
+
+    /// True when a `biometry-current-set` binding no longer matches the enrolled prints.
+    func isInvalidated(_ item: StoredItem, state: BiometryDomainState) -> Bool {
+        guard item.access.policy.bindsBiometrySet, let bound = item.biometryState else { return false }
+        guard case .enrolled(_, let digest) = state else { return true }
+        return !digest.matches(bound)
+    }
+
+    /// The constraint set still satisfiable once an invalidated biometric binding is removed;
+    /// nil when the item as a whole is invalidated.
+    func effectiveConstraints(_ item: StoredItem, state: BiometryDomainState) -> [Policy.Constraint]? {
+        let policy = item.access.policy
+        guard isInvalidated(item, state: state) else { return policy.constraints }
+        if policy.combinator == .and || policy.constraints.count == 1 { return nil }
+        let rest = policy.constraints.filter { $0 != .biometryCurrentSet }
+        return rest.isEmpty ? nil : rest
+    }
+
+    func reuseGrant(for caller: Caller, item: StoredItem, constraints: [Policy.Constraint], now: Int64) -> Bool {
+        guard item.access.reuseSeconds > 0, caller.sessionID > 0 else { return false }
+        guard let grant = reuse.withLock({ $0[ReuseKey(uid: caller.uid, session: caller.sessionID)] }) else { return false }
+        guard now - grant.at <= Int64(item.access.reuseSeconds) * 1_000_000, now >= grant.at else { return false }
+        func satisfied(_ c: Policy.Constraint) -> Bool {
+            switch c {
+            case .biometryAny, .biometryCurrentSet: grant.fingerprint
+            case .devicePasscode: grant.password
+            case .userPresence: grant.fingerprint || grant.password
+            }
+        }
+        let policy = item.access.policy
+        return policy.combinator == .and ? constraints.allSatisfy(satisfied) : constraints.contains(where: satisfied)
+    }
+
+    /// Ends every reuse window of a uid (`keyhold lock`).
+    func endReuse(uid: UInt32) {
+        reuse.withLock { grants in grants = grants.filter { $0.key.uid != uid } }
+    }
+
+    /// Seconds of lockout left, or nil.
+    static func lockoutLeft(_ record: LockoutRecord, now: Int64) -> UInt64? {
+        guard record.lockedUntil > now else { return nil }
+        return UInt64((record.lockedUntil - now + 999_999) / 1_000_000)
+    }
+
+    /// The record after one more failure: from the fifth consecutive failure on, each failure
+    /// locks the uid out, for 1 min, then doubling, at most 1 h.
+    static func afterFailure(_ record: LockoutRecord, now: Int64) -> LockoutRecord {
+        var r = record
+        r.failures += 1
+        if r.failures >= maxFailuresBeforeLockout {
+            let doublings = min(Int64(r.failures - maxFailuresBeforeLockout), 6)
+            let seconds = min(firstLockoutSeconds << doublings, longestLockoutSeconds)
+            r.level = UInt32(doublings + 1)
+            r.lockedUntil = now + seconds * 1_000_000
+        }
+        return r
+    }
+
+    // MARK: the gate
+
+    /// Runs the authentication an item's policy demands. Returns how it was satisfied, or a
+    /// denial. `conversation` relays PAM messages to the caller; `interruptFD` is the caller's
+    /// socket, which becomes readable when the caller cancels or goes away.
+    func authorize(_ item: StoredItem, caller: Caller, allowInteraction: Bool, lockout: LockoutRecord,
+                   recordFailure: () -> Void, recordSuccess: () -> Void,
+                   interruptFD: Int32, announce: () -> Bool,
+                   conversation: (PAMMessage) -> PAMAnswer) -> Result<GrantedMethod, Denial> {
+        let policy = item.access.policy
+        if !item.access.allowedExecutables.isEmpty && !item.access.allowedExecutables.contains(caller.executable) {
+            return .failure(Denial(.notAuthorized, "this program may not read the item"))
+        }
+        let state = policy.constraints.contains(where: \.isBiometric) ? domainState(user: caller.userName) : .noneEnrolled
+        guard let constraints = effectiveConstraints(item, state: state) else {
+            return .failure(Denial(.invalidated))
+        }
+        var method = GrantedMethod()
+        let now = Clock.microseconds()
+        if constraints.isEmpty && !policy.requiresAppPassword { return .success(method) }
+
+        if let left = Self.lockoutLeft(lockout, now: now) {
+            return .failure(Denial(.lockedOut, nil, secondsLeft: left))
+        }
+        if !constraints.isEmpty && reuseGrant(for: caller, item: item, constraints: constraints, now: now) {
+            method.reuse = true
+            if !policy.requiresAppPassword { return .success(method) }
+        }
+        // Everything from here needs the person: a finger, a password, or both.
+        guard allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
+        guard let user = caller.userName else { return .failure(Denial(.authenticationFailed, "the caller's uid has no account")) }
+        guard announce() else { return .failure(Denial(.userCanceled)) }
+
+        if !method.reuse && !constraints.isEmpty {
+            let stacks: [Stack]
+            switch plan(constraints, combinator: policy.combinator, state: state) {
+            case .success(let s): stacks = s
+            case .failure(let denial): return .failure(denial)
+            }
+            for stack in stacks {
+                let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: CallerSession.tty(pid: caller.pid),
+                                         rhost: CallerSession.remoteHost(pid: caller.pid))
+                let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: interruptFD,
+                                                        conversation: conversation)
+                switch result {
+                case .success(let answered):
+                    switch stack {
+                    case .biometry: method.fingerprint = true
+                    case .passcode: method.password = true
+                    case .presence: if answered { method.password = true } else { method.fingerprint = true }
+                    }
+                case .failed:
+                    recordFailure()
+                    return .failure(Denial(.authenticationFailed))
+                case .unavailable:
+                    // No reader, no prints, or a remote session: for a biometric stack this is a
+                    // clear failure, never a silent pass.
+                    return .failure(Denial(.authenticationFailed, stack == .passcode ? "authentication is unavailable" : "no fingerprint reader or enrolled finger is available"))
+                case .canceled:
+                    return .failure(Denial(.userCanceled))
+                case .interactionNeeded:
+                    return .failure(Denial(.interactionNotAllowed))
+                case .helperFailed:
+                    return .failure(Denial(.authenticationFailed, "authentication could not complete"))
+                }
+            }
+            recordSuccess()
+            reuse.withLock {
+                let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
+                var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
+                if grant.at != 0 && Clock.microseconds() - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
+                    grant = ReuseGrant(at: 0, fingerprint: false, password: false)
+                }
+                grant.at = Clock.microseconds()
+                grant.fingerprint = grant.fingerprint || method.fingerprint
+                grant.password = grant.password || method.password
+                $0[key] = grant
+            }
+        }
+        return .success(method)
+    }
+
+    /// Which PAM stacks satisfy the constraints, in order.
+    func plan(_ constraints: [Policy.Constraint], combinator: Policy.Combinator,
+              state: BiometryDomainState) -> Result<[Stack], Denial> {
+        let fingersEnrolled: Bool
+        if case .enrolled = state { fingersEnrolled = true } else { fingersEnrolled = false }
+        let biometric = constraints.contains(where: \.isBiometric)
+        let passcode = constraints.contains(.devicePasscode)
+        let presence = constraints.contains(.userPresence)
+        let noFinger = Denial(.authenticationFailed, "no finger is enrolled for this account")
+
+        if combinator == .and && constraints.count > 1 {
+            var stacks: [Stack] = []
+            if biometric {
+                guard fingersEnrolled else { return .failure(noFinger) }
+                stacks.append(.biometry)
+            }
+            if passcode { stacks.append(.passcode) }
+            if presence && stacks.isEmpty { stacks.append(fingersEnrolled ? .presence : .passcode) }
+            return .success(stacks)
+        }
+        // One constraint, or alternatives.
+        if presence || (biometric && passcode) {
+            return .success([fingersEnrolled ? .presence : .passcode])
+        }
+        if biometric {
+            guard fingersEnrolled else { return .failure(noFinger) }
+            return .success([.biometry])
+        }
+        return .success([.passcode])
+    }
+}
+
+enum Clock {
+    static func microseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
+    }
+}

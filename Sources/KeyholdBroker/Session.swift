@@ -1,0 +1,419 @@
+import Glibc
+import KeyholdAuth
+import KeyholdCore
+import KeyholdProtocol
+
+/// One client connection: one request, its conversation, one response. Every request the
+/// broker answers produces exactly one audit entry, and for a release that entry is committed
+/// before the secret is written to the socket.
+struct Session {
+    let fd: Int32
+    let caller: Caller
+    let broker: Broker
+
+    func run() {
+        let payload: SecureBytes
+        do throws(FrameError) {
+            guard let p = try Frame.read(from: fd) else { return }  // connected and left: nothing asked
+            payload = p
+        } catch {
+            rejectMalformed(error)
+            return
+        }
+        let message: ClientMessage
+        do throws(FrameError) {
+            message = try ClientMessage.decode(payload)
+        } catch {
+            rejectMalformed(error)
+            return
+        }
+        payload.wipe()
+        guard case .request(let request) = message else {
+            rejectMalformed(.unexpectedMessage)
+            return
+        }
+        let response = handle(request)
+        send(.response(response))
+        response.secret?.wipe()
+        request.secret?.wipe()
+        request.appPassword?.wipe()
+    }
+
+    /// A frame that could not be parsed gets an error frame (when the socket still works), an
+    /// audit entry, and the connection is closed by the caller of `run`.
+    private func rejectMalformed(_ error: FrameError) {
+        let outcome: Outcome = .usage
+        broker.audit(AuditEvent(caller: caller, operation: .invalid, decision: .error, outcome: outcome))
+        if case .io = error { return }
+        send(.response(Response(outcome, detail: "rejected request: \(error)")))
+    }
+
+    @discardableResult
+    private func send(_ message: BrokerMessage) -> Bool {
+        do throws(FrameError) {
+            try Frame.write(message.encode(), to: fd)
+            return true
+        } catch {
+            return false
+        }
+    }
+
+    // MARK: dispatch
+
+    private func handle(_ request: Request) -> Response {
+        switch request.operation {
+        case .put: return put(request)
+        case .get: return get(request)
+        case .delete: return delete(request)
+        case .list: return list(request)
+        case .state: return state(request)
+        case .lock: return lock(request)
+        case .biometry: return biometry(request)
+        case .audit: return auditQuery(request)
+        case .auditVerify: return auditVerify(request)
+        case .auditPrune: return auditPrune(request)
+        }
+    }
+
+    private func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
+                       decision: AuditEvent.Decision, method: GrantedMethod = GrantedMethod(), outcome: Outcome) -> AuditEvent {
+        AuditEvent(caller: caller, operation: op, itemID: item?.id, item: request.item, decision: decision,
+                   method: method.name, reason: request.reason, outcome: outcome)
+    }
+
+    /// Answers with `denial`, auditing it first.
+    private func deny(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem?, _ denial: Denial) -> Response {
+        let decision: AuditEvent.Decision = [.integrityFailure, .otherError, .auditUnavailable].contains(denial.outcome) ? .error : .denied
+        if !broker.audit(event(request, op, item: item, decision: decision, outcome: denial.outcome)) {
+            return Response(.auditUnavailable)
+        }
+        var r = Response(denial.outcome, detail: denial.detail)
+        r.secondsLeft = denial.secondsLeft
+        return r
+    }
+
+    /// Looks the item up for the caller's uid only: another user's item is simply not there.
+    private func lookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
+        broker.withStore { store in
+            do throws(StoreError) {
+                return .success(try store.item(owner: caller.uid, service: ref.service, account: ref.account))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+    }
+
+    /// Runs the item's policy for this caller, relaying the conversation over this socket.
+    private func authorize(_ item: StoredItem, _ request: Request) -> Result<GrantedMethod, Denial> {
+        let lockout = broker.withStore { store -> LockoutRecord in
+            (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
+        }
+        return broker.gate.authorize(
+            item, caller: caller, allowInteraction: request.allowInteraction, lockout: lockout,
+            recordFailure: { broker.recordFailure(uid: caller.uid) },
+            recordSuccess: { broker.recordSuccess(uid: caller.uid) },
+            interruptFD: fd,
+            announce: {
+                // Who is asking and why, from what the broker verified, before any prompt.
+                var text = "keyhold: \(caller.executable) (pid \(caller.pid)) asks for \(item.service) / \(item.account)"
+                if let reason = request.reason, !reason.isEmpty { text += ": \(reason)" }
+                return send(.notice(Notice(style: .info, text: text)))
+            },
+            conversation: relay)
+    }
+
+    /// Relays one PAM message to the client; for a prompt, waits for its answer.
+    private func relay(_ message: PAMMessage) -> PAMAnswer {
+        switch message {
+        case .info(let text):
+            return send(.notice(Notice(style: .info, text: text))) ? .answer(SecureBytes(count: 0)) : .cancel
+        case .error(let text):
+            return send(.notice(Notice(style: .error, text: text))) ? .answer(SecureBytes(count: 0)) : .cancel
+        case .promptEchoOff(let text):
+            return ask(Prompt(style: .echoOff, purpose: .authentication, text: text))
+        case .promptEchoOn(let text):
+            return ask(Prompt(style: .echoOn, purpose: .authentication, text: text))
+        }
+    }
+
+    private func ask(_ prompt: Prompt) -> PAMAnswer {
+        guard send(.prompt(prompt)) else { return .cancel }
+        do throws(FrameError) {
+            guard let payload = try Frame.read(from: fd) else { return .cancel }
+            defer { payload.wipe() }
+            if case .answer(let s) = try ClientMessage.decode(payload) { return .answer(s) }
+            return .cancel
+        } catch {
+            return .cancel
+        }
+    }
+
+    /// Asks for the item's application password (after PAM), if its policy has one.
+    private func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
+        guard item.access.policy.requiresAppPassword else { return .success(nil) }
+        guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
+        switch ask(Prompt(style: .echoOff, purpose: .appPassword, text: "Application password for \(item.service) / \(item.account): ")) {
+        case .answer(let s): return .success(s)
+        case .cancel: return .failure(Denial(.userCanceled))
+        }
+    }
+
+    // MARK: operations
+
+    private func get(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        let item: StoredItem
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .get, item: nil, d)
+        case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
+        case .success(let found?): item = found
+        }
+        var method: GrantedMethod
+        switch authorize(item, request) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(let m): method = m
+        }
+        var appPassword: SecureBytes?
+        switch self.appPassword(for: item, request) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(let p): appPassword = p
+        }
+        defer { appPassword?.wipe() }
+        if appPassword != nil { method.appPassword = true }
+
+        // Open, then audit, then release: nothing leaves before its entry is committed.
+        let opened: Result<SecureBytes, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                let secret = try store.openSecret(item, appPassword: appPassword)
+                do throws(StoreError) {
+                    try store.append(event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record())
+                } catch {
+                    secret.wipe()
+                    return .failure(Denial(.auditUnavailable))
+                }
+                return .success(secret)
+            } catch .appPasswordWrong {
+                return .failure(Denial(.authenticationFailed, "wrong application password"))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        switch opened {
+        case .success(let secret):
+            if appPassword != nil { broker.recordSuccess(uid: caller.uid) }
+            var r = Response(.ok)
+            r.secret = secret
+            return r
+        case .failure(let d):
+            if d.outcome == .auditUnavailable {
+                broker.log("audit entry could not be written; release refused")
+                return Response(.auditUnavailable)
+            }
+            if d.outcome == .authenticationFailed { broker.recordFailure(uid: caller.uid) }
+            return deny(request, .get, item: item, d)
+        }
+    }
+
+    private func put(_ request: Request) -> Response {
+        guard let ref = request.item, let secret = request.secret else { return Response(.usage) }
+        let op: AuditEvent.Operation = request.update ? .update : .put
+        let policy: Policy
+        do throws(Policy.ParseError) {
+            policy = try Policy(parsing: request.policy ?? "none")
+        } catch {
+            return deny(request, op, item: nil, Denial(.usage, error.description))
+        }
+        guard policy.requiresAppPassword == (request.appPassword != nil) else {
+            return deny(request, op, item: nil, Denial(.usage, policy.requiresAppPassword
+                ? "policy needs an application password" : "an application password needs a +app-password policy"))
+        }
+        for exe in request.allowedExecutables where !exe.hasPrefix("/") {
+            return deny(request, op, item: nil, Denial(.usage, "--allow-exe needs an absolute path"))
+        }
+        if let label = request.label, label.utf8.count > Limits.maxTextBytes {
+            return deny(request, op, item: nil, Denial(.usage, "label too long"))
+        }
+        let access = AccessControl(policy: policy, allowedExecutables: request.allowedExecutables, reuseSeconds: request.reuseSeconds)
+
+        let existing: StoredItem?
+        switch lookup(ref) {
+        case .failure(let d):
+            // A damaged item may still be replaced with --update: its old policy cannot be
+            // checked, so only its owner's uid (already scoped) and a fresh authentication by
+            // the new policy stand in. Refuse instead: nothing is silently overwritten.
+            return deny(request, op, item: nil, d)
+        case .success(let e): existing = e
+        }
+        var method = GrantedMethod()
+        if let existing {
+            guard request.update else { return deny(request, .put, item: existing, Denial(.duplicateItem)) }
+            // Changing a protected item needs its *old* policy satisfied first.
+            switch authorize(existing, request) {
+            case .failure(let d): return deny(request, op, item: existing, d)
+            case .success(let m): method = m
+            }
+            if existing.access.policy.requiresAppPassword {
+                switch appPassword(for: existing, request) {
+                case .failure(let d): return deny(request, op, item: existing, d)
+                case .success(let old?):
+                    let ok: Result<Void, Denial> = broker.withStore { store in
+                        do throws(StoreError) {
+                            try store.openSecret(existing, appPassword: old).wipe()
+                            return .success(())
+                        } catch .appPasswordWrong {
+                            return .failure(Denial(.authenticationFailed, "wrong application password"))
+                        } catch {
+                            return .failure(Denial(error.outcome))
+                        }
+                    }
+                    old.wipe()
+                    if case .failure(let d) = ok {
+                        if d.outcome == .authenticationFailed { broker.recordFailure(uid: caller.uid) }
+                        return deny(request, op, item: existing, d)
+                    }
+                    method.appPassword = true
+                case .success(nil): break
+                }
+            }
+        }
+        var biometryState: [UInt8]?
+        if policy.bindsBiometrySet {
+            guard case .enrolled(_, let digest) = broker.gate.domainState(user: caller.userName) else {
+                return deny(request, op, item: existing, Denial(.authenticationFailed, "no finger is enrolled for this account"))
+            }
+            biometryState = digest.bytes
+        }
+        let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
+                              access: access, biometryState: biometryState)
+        let result: Result<StoredItem, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                if let existing {
+                    let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
+                    return .success(try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit))
+                }
+                let audit = event(request, op, decision: .granted, method: method, outcome: .ok).record()
+                return .success(try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        switch result {
+        case .success: return Response(.ok)
+        case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, op, item: existing, d)
+        }
+    }
+
+    private func delete(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        let item: StoredItem
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .delete, item: nil, d)
+        case .success(nil): return deny(request, .delete, item: nil, Denial(.notFound))
+        case .success(let found?): item = found
+        }
+        // Like SecItemDelete, removing an item needs no authentication: the caller's uid owns it.
+        let result: Result<Void, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                try store.delete(item, audit: event(request, .delete, item: item, decision: .granted, outcome: .ok).record())
+                return .success(())
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        switch result {
+        case .success: return Response(.ok)
+        case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .delete, item: item, d)
+        }
+    }
+
+    private func list(_ request: Request) -> Response {
+        let listed: Result<(items: [StoredItem], damaged: Int), Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                return .success(try store.items(owner: caller.uid))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        guard case .success(let found) = listed else {
+            if case .failure(let d) = listed { return deny(request, .list, item: nil, d) }
+            return Response(.otherError)
+        }
+        guard broker.audit(event(request, .list, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        let infos = found.items.map { i in
+            ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
+                     policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
+                     reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
+        }
+        for batch in BrokerMessage.itemBatches(infos) {
+            guard send(batch) else { return Response(.otherError) }
+        }
+        var r = Response(.ok, detail: found.damaged > 0 ? "\(found.damaged) damaged item(s) could not be read" : nil)
+        r.count = UInt64(infos.count)
+        return r
+    }
+
+    private func state(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        var r = Response(.ok)
+        let lockout = broker.withStore { store -> LockoutRecord in
+            (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
+        }
+        r.secondsLeft = ReleaseGate.lockoutLeft(lockout, now: Clock.microseconds())
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .state, item: nil, d)
+        case .success(nil):
+            r.state = "not-found"
+            guard broker.audit(event(request, .state, decision: .granted, outcome: .notFound)) else { return Response(.auditUnavailable) }
+            return r
+        case .success(let item?):
+            let gate = broker.gate
+            let biometric = item.access.policy.constraints.contains(where: \.isBiometric)
+            let domain: BiometryDomainState = biometric ? gate.domainState(user: caller.userName) : .noneEnrolled
+            if let constraints = gate.effectiveConstraints(item, state: domain) {
+                let free = constraints.isEmpty
+                    || gate.reuseGrant(for: caller, item: item, constraints: constraints, now: Clock.microseconds())
+                r.state = free && !item.access.policy.requiresAppPassword ? "available" : "requires-authentication"
+            } else {
+                r.state = "invalidated"
+            }
+            guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+            return r
+        }
+    }
+
+    private func lock(_ request: Request) -> Response {
+        broker.gate.endReuse(uid: caller.uid)
+        guard broker.audit(event(request, .lock, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok)
+    }
+
+    private func biometry(_ request: Request) -> Response {
+        var r = Response(.ok)
+        switch broker.gate.domainState(user: caller.userName) {
+        case .unreadable: r.detail = "fprintd's print store is not readable by the broker"
+        case .noneEnrolled: break
+        case .enrolled(let fingers, _): r.fingers = fingers
+        }
+        r.reader = BiometryStore.readerDescription()
+        let bound: Int = broker.withStore { store in
+            ((try? store.items(owner: caller.uid))?.items ?? []).filter { $0.access.policy.bindsBiometrySet }.count
+        }
+        r.count = UInt64(bound)
+        guard broker.audit(event(request, .biometry, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return r
+    }
+
+    private func auditQuery(_ request: Request) -> Response {
+        Response(.otherError, detail: "audit queries are not available yet")
+    }
+
+    private func auditVerify(_ request: Request) -> Response {
+        Response(.otherError, detail: "audit verification is not available yet")
+    }
+
+    private func auditPrune(_ request: Request) -> Response {
+        Response(.otherError, detail: "audit pruning is not available yet")
+    }
+}

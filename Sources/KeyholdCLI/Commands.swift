@@ -1,0 +1,210 @@
+import Glibc
+import KeyholdClient
+import KeyholdCore
+
+/// The `keyhold` command. `main` returns the exit code; it is the CLI contract of the README.
+public enum KeyholdCommand {
+    static let itemOptionsHelp = "SERVICE ACCOUNT name the item (e.g. github.com alice)"
+
+    public static let parser = ArgumentParser(
+        commands: [
+            CommandSpec("put", positionals: ["SERVICE", "ACCOUNT"], options: [
+                OptionSpec("--label", value: "TEXT", help: "a label shown by ls"),
+                OptionSpec("--kind", value: "KIND", help: "refresh-token, password or generic (default)"),
+                OptionSpec("--policy", value: "EXPR", help: "access control, e.g. 'biometry-current-set or device-passcode'"),
+                OptionSpec("--reuse", value: "SECONDS", help: "release without a prompt this long after an authentication (0-300)"),
+                OptionSpec("--allow-exe", value: "PATH", repeatable: true, help: "only this program may read the item"),
+                OptionSpec("--update", help: "replace an existing item (its current policy must be satisfied)"),
+            ], summary: """
+                Stores a secret read from standard input, exactly as given (from a terminal: asked
+                twice without echo, newline stripped). Never from the command line. Policies:
+                none, user-presence, biometry-any, biometry-current-set, device-passcode, joined
+                by one of 'or' / 'and', optionally followed by +app-password.
+                """),
+            CommandSpec("get", positionals: ["SERVICE", "ACCOUNT"], options: [
+                OptionSpec("--reason", value: "TEXT", help: "why the secret is needed (shown and audited)"),
+                OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
+            ], summary: "Writes the item's secret, exactly as stored, to standard output."),
+            CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], summary: "Removes an item."),
+            CommandSpec("ls", options: [OptionSpec("--json", help: "one JSON object per line")],
+                        summary: "Lists your items' metadata (never a secret)."),
+            CommandSpec("state", positionals: ["SERVICE", "ACCOUNT"], summary: """
+                Prints one word: available, requires-authentication, invalidated or not-found.
+                Never prompts.
+                """),
+            CommandSpec("lock", summary: "Ends every authentication reuse window of yours at once."),
+            CommandSpec("biometry", summary: "Shows your fingerprint reader, enrolled fingers, and items bound to them."),
+            CommandSpec("audit", options: [
+                OptionSpec("--json", help: "JSON Lines instead of a table"),
+                OptionSpec("--since", value: "TIME", help: "entries from TIME (2026-12-02T10:00:00Z, 2026-12-02, or @EPOCH)"),
+                OptionSpec("--item", value: "SERVICE/ACCOUNT", help: "entries about one item"),
+                OptionSpec("--follow", help: "keep printing new entries as they happen"),
+            ], summary: "Shows audit entries about your items and requests (root: all).", subcommands: [
+                CommandSpec("audit verify", summary: "Checks the whole audit chain; names the first altered entry."),
+                CommandSpec("audit export", positionals: ["FILE"], options: [
+                    OptionSpec("--until", value: "TIME", help: "entries up to TIME (required)"),
+                ], summary: "Writes entries up to TIME as JSON Lines with the MACs to verify them."),
+                CommandSpec("audit prune", options: [
+                    OptionSpec("--until", value: "TIME", help: "entries up to TIME (required)"),
+                ], summary: "Removes entries up to TIME, leaving a checkpoint. Root only."),
+            ]),
+            CommandSpec("demo", options: [
+                OptionSpec("--non-interactive", help: "answer the demo prompt through an askpass program"),
+            ], summary: "Starts a broker on a temporary vault, stores, reads, lists and audits; then cleans up."),
+        ],
+        globalOptions: [OptionSpec("--socket", value: "PATH", help: "broker socket (else $KEYHOLD_SOCKET, else /run/keyhold/keyhold.sock)")],
+        overview: "Keyhold: secrets released only after the broker authenticates you, every access audited.")
+
+    public static func main(_ arguments: [String]) -> Int32 {
+        let parsed: (globals: [String: String], command: ParsedCommand)
+        do throws(ArgumentError) {
+            parsed = try parser.parse(arguments)
+        } catch .help(let text) {
+            Output.out(text)
+            return 0
+        } catch {
+            Output.err(error.description)
+            return Int32(Outcome.usage.rawValue)
+        }
+        Terminal.installInterruptHandler()
+        let vault = Vault(socketPath: parsed.globals["--socket"])
+        let c = parsed.command
+        do throws(KeyholdError) {
+            switch c.name {
+            case "put": try put(vault, c)
+            case "get": try get(vault, c)
+            case "rm": try vault.delete(service: c.positionals[0], account: c.positionals[1])
+            case "ls": try list(vault, json: c.flag("--json"))
+            case "state": try state(vault, c)
+            case "lock": try vault.lock()
+            case "biometry": try biometry(vault)
+            case "audit": try AuditCommands.show(vault, c)
+            case "audit verify": return try AuditCommands.verify(vault)
+            case "audit export": try AuditCommands.export(vault, c)
+            case "audit prune": try AuditCommands.prune(vault, c)
+            case "demo": return Demo.run(nonInteractive: c.flag("--non-interactive"))
+            default: throw .invalidRequest("unknown command")
+            }
+        } catch {
+            Output.err(error.description)
+            return Int32(error.outcome.rawValue)
+        }
+        return 0
+    }
+
+    static func put(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
+        let service = c.positionals[0], account = c.positionals[1]
+        let policy: Policy
+        do throws(Policy.ParseError) {
+            policy = try Policy(parsing: c.value("--policy") ?? "none")
+        } catch {
+            throw .invalidRequest(error.description)
+        }
+        var kind = ItemKind.generic
+        if let k = c.value("--kind") {
+            guard let parsed = ItemKind(name: k) else { throw .invalidRequest("unknown kind '\(k)' (refresh-token, password, generic)") }
+            kind = parsed
+        }
+        var reuse: UInt32 = 0
+        if let r = c.value("--reuse") {
+            guard let n = UInt32(r), n <= Limits.maxReuseSeconds else { throw .invalidRequest("--reuse wants 0 to \(Limits.maxReuseSeconds) seconds") }
+            reuse = n
+        }
+        let exes = c.all("--allow-exe")
+        for exe in exes where !exe.hasPrefix("/") { throw .invalidRequest("--allow-exe needs an absolute path: \(exe)") }
+        let access = AccessControl(policy: policy, allowedExecutables: exes, reuseSeconds: reuse)
+
+        let secret = try readSecretForPut()
+        defer { secret.wipe() }
+        let interaction = PromptInteraction()
+        var appPassword: SecureBytes?
+        if policy.requiresAppPassword {
+            guard let interaction else { throw .interactionNotAllowed }
+            switch interaction.askTwice("Application password for \(service) / \(account): ") {
+            case .success(let p): appPassword = p
+            case .failure(let e): throw e
+            }
+        }
+        defer { appPassword?.wipe() }
+        if c.flag("--update") {
+            try vault.update(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
+                             access: access, appPassword: appPassword, interaction: interaction)
+        } else {
+            try vault.add(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
+                          access: access, appPassword: appPassword, interaction: interaction)
+        }
+    }
+
+    /// The secret for `put`: all of standard input, or from a terminal, asked twice.
+    static func readSecretForPut() throws(KeyholdError) -> SecureBytes {
+        if isatty(0) != 0 {
+            let tty = PromptInteraction()
+            guard let tty else { throw .interactionNotAllowed }
+            switch tty.askTwice("Secret: ") {
+            case .success(let s): return s
+            case .failure(let e): throw e
+            }
+        }
+        guard let secret = Terminal.readSecret(0, stopAtNewline: false, limit: Limits.maxSecretBytes) else {
+            throw .invalidRequest("could not read the secret from standard input")
+        }
+        guard secret.count <= Limits.maxSecretBytes else {
+            secret.wipe()
+            throw .invalidRequest("secret exceeds the \(Limits.maxSecretBytes)-byte limit")
+        }
+        return secret
+    }
+
+    static func get(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
+        let interaction = c.flag("--no-interaction") ? nil : PromptInteraction()
+        let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
+                                      reason: c.value("--reason"), interaction: interaction)
+        defer { secret.wipe() }
+        let ok = secret.withUnsafeBytes { raw -> Bool in
+            var done = 0
+            while done < raw.count {
+                let n = write(1, raw.baseAddress! + done, raw.count - done)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return false }
+                done += n
+            }
+            return true
+        }
+        if !ok { throw .other("could not write the secret to standard output") }
+    }
+
+    static func list(_ vault: Vault, json: Bool) throws(KeyholdError) {
+        let items = try vault.items()
+        if json {
+            for i in items {
+                Output.out(JSON.object([
+                    ("id", .string(i.id)), ("service", .string(i.service)), ("account", .string(i.account)),
+                    ("label", .string(i.label)), ("kind", .string(i.kind.name)), ("policy", .string(i.policy)),
+                    ("allowed_executables", .array(i.allowedExecutables.map { .string($0) })),
+                    ("reuse_seconds", .number(Int64(i.reuseSeconds))),
+                    ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
+                ]) + "\n")
+            }
+            return
+        }
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "LABEL"]]
+        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, i.label]) }
+        Output.out(Output.table(rows))
+    }
+
+    static func state(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
+        let service = c.positionals[0], account = c.positionals[1]
+        let s = try vault.state(service: service, account: account)
+        Output.out(s.rawValue + "\n")
+        if let left = try vault.lockoutSecondsLeft(service: service, account: account) {
+            Output.err("locked out for \(left) more seconds")
+        }
+    }
+
+    static func biometry(_ vault: Vault) throws(KeyholdError) {
+        let info = try vault.biometry()
+        Output.out("reader: \(info.reader ?? "unknown")\n")
+        Output.out("enrolled fingers: \(info.enrolledFingers.isEmpty ? "none" : info.enrolledFingers.joined(separator: ", "))\n")
+        Output.out("items bound to the current set (invalidated by any change): \(info.itemsBoundToCurrentSet)\n")
+    }
+}

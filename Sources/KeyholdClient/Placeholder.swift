@@ -1,1 +1,0 @@
-// KeyholdClient: see the target's files.

@@ -1,0 +1,430 @@
+import KeyholdCore
+
+/// What a caller asks the broker to do.
+public enum Operation: UInt8, Sendable, CaseIterable {
+    case put = 1, get, delete, list, state, lock, biometry, audit, auditVerify, auditPrune
+
+    /// Operations that name one item.
+    var needsItem: Bool { [.put, .get, .delete, .state].contains(self) }
+}
+
+public struct ItemReference: Sendable, Equatable {
+    public let service: String
+    public let account: String
+    public init(service: String, account: String) {
+        self.service = service
+        self.account = account
+    }
+}
+
+/// One request. A flat record: which fields matter depends on `operation`, and decoding
+/// checks that the ones an operation needs are present.
+public struct Request {
+    public var operation: Operation
+    public var item: ItemReference?
+    public var label: String?
+    public var kind: ItemKind = .generic
+    public var policy: String?
+    public var allowedExecutables: [String] = []
+    public var reuseSeconds: UInt32 = 0
+    public var update = false
+    public var secret: SecureBytes?
+    public var appPassword: SecureBytes?
+    public var reason: String?
+    public var allowInteraction = true
+    /// Audit queries: µs since the epoch, and the sequence number after which to continue.
+    public var since: Int64?
+    public var until: Int64?
+    public var afterSeq: Int64?
+    public var follow = false
+
+    public init(_ operation: Operation, item: ItemReference? = nil) {
+        self.operation = operation
+        self.item = item
+    }
+}
+
+public struct Prompt: Sendable {
+    public enum Style: UInt8, Sendable { case echoOff = 0, echoOn = 1 }
+    public enum Purpose: UInt8, Sendable { case authentication = 0, appPassword = 1 }
+    public let style: Style
+    public let purpose: Purpose
+    public let text: String
+    public init(style: Style, purpose: Purpose, text: String) {
+        self.style = style
+        self.purpose = purpose
+        self.text = text
+    }
+}
+
+public struct Notice: Sendable {
+    public enum Style: UInt8, Sendable { case info = 0, error = 1 }
+    public let style: Style
+    public let text: String
+    public init(style: Style, text: String) {
+        self.style = style
+        self.text = text
+    }
+}
+
+/// Metadata of one item, as `ls` shows it. Never the secret.
+public struct ItemInfo: Sendable, Equatable {
+    public var id: String
+    public var service: String
+    public var account: String
+    public var label: String
+    public var kind: ItemKind
+    public var policy: String
+    public var allowedExecutables: [String]
+    public var reuseSeconds: UInt32
+    public var createdAt: Int64
+    public var updatedAt: Int64
+    public init(id: String, service: String, account: String, label: String, kind: ItemKind, policy: String,
+                allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64) {
+        self.id = id; self.service = service; self.account = account; self.label = label; self.kind = kind
+        self.policy = policy; self.allowedExecutables = allowedExecutables; self.reuseSeconds = reuseSeconds
+        self.createdAt = createdAt; self.updatedAt = updatedAt
+    }
+}
+
+/// One audit entry as a caller may see it.
+public struct AuditEntryInfo: Sendable, Equatable {
+    public var seq: Int64
+    public var time: Int64
+    public var uid: UInt32
+    public var pid: Int32
+    public var executable: String
+    public var operation: String
+    public var itemID: String?
+    public var service: String?
+    public var account: String?
+    public var decision: String
+    public var method: String
+    public var reason: String?
+    public var outcome: String
+    /// Hex MACs, so an export can be verified on its own.
+    public var mac: String
+    public var previousMAC: String
+    public init(seq: Int64, time: Int64, uid: UInt32, pid: Int32, executable: String, operation: String, itemID: String?,
+                service: String?, account: String?, decision: String, method: String, reason: String?, outcome: String,
+                mac: String, previousMAC: String) {
+        self.seq = seq; self.time = time; self.uid = uid; self.pid = pid; self.executable = executable
+        self.operation = operation; self.itemID = itemID; self.service = service; self.account = account
+        self.decision = decision; self.method = method; self.reason = reason; self.outcome = outcome
+        self.mac = mac; self.previousMAC = previousMAC
+    }
+}
+
+/// The final answer to a request.
+public struct Response {
+    public var outcome: Outcome
+    /// A human-readable detail; never a secret or another user's data.
+    public var detail: String?
+    public var secret: SecureBytes?
+    /// `state`: available, requires-authentication, invalidated, not-found.
+    public var state: String?
+    /// Lockout: seconds until the next attempt is allowed.
+    public var secondsLeft: UInt64?
+    /// A count (verified audit entries, pruned entries, items that a change would invalidate).
+    public var count: UInt64?
+    /// Audit verification: first bad sequence number.
+    public var firstBadSeq: UInt64?
+    /// Biometry: enrolled finger names and the reader.
+    public var fingers: [String] = []
+    public var reader: String?
+
+    public init(_ outcome: Outcome, detail: String? = nil) {
+        self.outcome = outcome
+        self.detail = detail
+    }
+}
+
+public enum ClientMessage {
+    case request(Request)
+    case answer(SecureBytes)
+    case cancel
+}
+
+public enum BrokerMessage {
+    case prompt(Prompt)
+    case notice(Notice)
+    case items([ItemInfo])
+    case auditEntries([AuditEntryInfo])
+    case response(Response)
+}
+
+// MARK: - Encoding
+
+private enum MessageType {
+    static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3
+    static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
+}
+
+private enum RequestTag {
+    static let operation: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
+    static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, update: UInt8 = 9, secret: UInt8 = 10
+    static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
+    static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17
+    static let all: Set<UInt8> = Set(1...17)
+}
+
+private enum ResponseTag {
+    static let outcome: UInt8 = 1, detail: UInt8 = 2, secret: UInt8 = 3, state: UInt8 = 4, secondsLeft: UInt8 = 5
+    static let count: UInt8 = 6, firstBad: UInt8 = 7, finger: UInt8 = 8, reader: UInt8 = 9
+    static let all: Set<UInt8> = Set(1...9)
+}
+
+private enum ListTag {
+    static let entry: UInt8 = 1
+}
+
+private enum ItemTag {
+    static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
+    static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
+    static let all: Set<UInt8> = Set(1...10)
+}
+
+private enum AuditTag {
+    static let seq: UInt8 = 1, time: UInt8 = 2, uid: UInt8 = 3, pid: UInt8 = 4, exe: UInt8 = 5, op: UInt8 = 6
+    static let itemID: UInt8 = 7, service: UInt8 = 8, account: UInt8 = 9, decision: UInt8 = 10, method: UInt8 = 11
+    static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15
+    static let all: Set<UInt8> = Set(1...15)
+}
+
+/// A prompt answer or app password: as long as a PAM response may usefully be.
+public let maxAnswerBytes = Limits.maxAnswerBytes
+
+extension ClientMessage {
+    public func encode() -> SecureBytes {
+        switch self {
+        case .cancel:
+            return PayloadEncoder.encode(type: MessageType.cancel, fields: [])
+        case .answer(let s):
+            return PayloadEncoder.encode(type: MessageType.answer, fields: [.secret(1, s)])
+        case .request(let r):
+            var f: [Field] = [.number(RequestTag.operation, UInt64(r.operation.rawValue))]
+            if let item = r.item {
+                f.append(.text(RequestTag.service, item.service))
+                f.append(.text(RequestTag.account, item.account))
+            }
+            if let label = r.label { f.append(.text(RequestTag.label, label)) }
+            if r.operation == .put { f.append(.number(RequestTag.kind, UInt64(r.kind.rawValue))) }
+            if let p = r.policy { f.append(.text(RequestTag.policy, p)) }
+            for exe in r.allowedExecutables { f.append(.text(RequestTag.allowExe, exe)) }
+            if r.reuseSeconds != 0 { f.append(.number(RequestTag.reuse, UInt64(r.reuseSeconds))) }
+            if r.update { f.append(.flag(RequestTag.update)) }
+            if let s = r.secret { f.append(.secret(RequestTag.secret, s)) }
+            if let s = r.appPassword { f.append(.secret(RequestTag.appPassword, s)) }
+            if let reason = r.reason { f.append(.text(RequestTag.reason, reason)) }
+            if !r.allowInteraction { f.append(.flag(RequestTag.noInteraction)) }
+            if let v = r.since { f.append(.number(RequestTag.since, UInt64(bitPattern: v))) }
+            if let v = r.until { f.append(.number(RequestTag.until, UInt64(bitPattern: v))) }
+            if let v = r.afterSeq { f.append(.number(RequestTag.afterSeq, UInt64(bitPattern: v))) }
+            if r.follow { f.append(.flag(RequestTag.follow)) }
+            return PayloadEncoder.encode(type: MessageType.request, fields: f)
+        }
+    }
+
+    /// Decodes what a client sent. Everything here is untrusted.
+    public static func decode(_ payload: SecureBytes) throws(FrameError) -> ClientMessage {
+        switch try FieldSet.header(payload) {
+        case MessageType.cancel:
+            _ = try FieldSet.payload(payload, allowed: [])
+            return .cancel
+        case MessageType.answer:
+            let fs = try FieldSet.payload(payload, allowed: [1])
+            guard let s = try fs.secret(1, maxBytes: maxAnswerBytes) else { throw .malformed("answer without value") }
+            return .answer(s)
+        case MessageType.request:
+            let fs = try FieldSet.payload(payload, allowed: RequestTag.all, repeatable: [RequestTag.allowExe])
+            guard let raw = try fs.number(RequestTag.operation), raw <= 255, let op = Operation(rawValue: UInt8(raw)) else {
+                throw .malformed("unknown operation")
+            }
+            var r = Request(op)
+            let service = try fs.text(RequestTag.service), account = try fs.text(RequestTag.account)
+            switch (service, account) {
+            case let (s?, a?): r.item = ItemReference(service: s, account: a)
+            case (nil, nil): break
+            default: throw .malformed("service and account must come together")
+            }
+            if op.needsItem && r.item == nil { throw .malformed("operation needs an item") }
+            if let item = r.item, item.service.isEmpty || item.account.isEmpty { throw .malformed("empty service or account") }
+            r.label = try fs.text(RequestTag.label)
+            if let k = try fs.number(RequestTag.kind) {
+                guard k <= 255, let kind = ItemKind(rawValue: UInt8(k)) else { throw .malformed("unknown item kind") }
+                r.kind = kind
+            }
+            r.policy = try fs.text(RequestTag.policy)
+            r.allowedExecutables = try fs.texts(RequestTag.allowExe)
+            guard r.allowedExecutables.count <= Limits.maxAllowedExecutables else { throw .malformed("too many allowed executables") }
+            if let reuse = try fs.number(RequestTag.reuse) {
+                guard reuse <= UInt64(Limits.maxReuseSeconds) else { throw .malformed("reuse window above \(Limits.maxReuseSeconds) s") }
+                r.reuseSeconds = UInt32(reuse)
+            }
+            r.update = try fs.flag(RequestTag.update)
+            r.secret = try fs.secret(RequestTag.secret, maxBytes: Limits.maxSecretBytes)
+            r.appPassword = try fs.secret(RequestTag.appPassword, maxBytes: maxAnswerBytes)
+            if op == .put && r.secret == nil { throw .malformed("put without a secret") }
+            r.reason = try fs.text(RequestTag.reason)
+            r.allowInteraction = !(try fs.flag(RequestTag.noInteraction))
+            r.since = try fs.number(RequestTag.since).map { Int64(bitPattern: $0) }
+            r.until = try fs.number(RequestTag.until).map { Int64(bitPattern: $0) }
+            r.afterSeq = try fs.number(RequestTag.afterSeq).map { Int64(bitPattern: $0) }
+            r.follow = try fs.flag(RequestTag.follow)
+            return .request(r)
+        default:
+            throw .unexpectedMessage
+        }
+    }
+}
+
+extension BrokerMessage {
+    public func encode() -> SecureBytes {
+        switch self {
+        case .prompt(let p):
+            return PayloadEncoder.encode(type: MessageType.prompt, fields: [
+                .number(1, UInt64(p.style.rawValue)), .number(2, UInt64(p.purpose.rawValue)), .text(3, p.text),
+            ])
+        case .notice(let n):
+            return PayloadEncoder.encode(type: MessageType.notice, fields: [.number(1, UInt64(n.style.rawValue)), .text(2, n.text)])
+        case .items(let items):
+            return PayloadEncoder.encode(type: MessageType.items, fields: items.map { Field(ListTag.entry, .nested(Self.fields(of: $0))) })
+        case .auditEntries(let entries):
+            return PayloadEncoder.encode(type: MessageType.audit, fields: entries.map { Field(ListTag.entry, .nested(Self.fields(of: $0))) })
+        case .response(let r):
+            var f: [Field] = [.number(ResponseTag.outcome, UInt64(r.outcome.rawValue))]
+            if let d = r.detail { f.append(.text(ResponseTag.detail, String(d.utf8.prefix(Limits.maxTextBytes)) ?? "")) }
+            if let s = r.secret { f.append(.secret(ResponseTag.secret, s)) }
+            if let s = r.state { f.append(.text(ResponseTag.state, s)) }
+            if let v = r.secondsLeft { f.append(.number(ResponseTag.secondsLeft, v)) }
+            if let v = r.count { f.append(.number(ResponseTag.count, v)) }
+            if let v = r.firstBadSeq { f.append(.number(ResponseTag.firstBad, v)) }
+            for finger in r.fingers { f.append(.text(ResponseTag.finger, finger)) }
+            if let reader = r.reader { f.append(.text(ResponseTag.reader, reader)) }
+            return PayloadEncoder.encode(type: MessageType.response, fields: f)
+        }
+    }
+
+    /// Splits list entries into `.items` messages that each fit in one frame.
+    public static func itemBatches(_ items: [ItemInfo]) -> [BrokerMessage] {
+        batches(items, size: { Field(ListTag.entry, .nested(fields(of: $0))).encodedCount }).map { .items($0) }
+    }
+
+    /// Splits audit entries into `.auditEntries` messages that each fit in one frame.
+    public static func auditBatches(_ entries: [AuditEntryInfo]) -> [BrokerMessage] {
+        batches(entries, size: { Field(ListTag.entry, .nested(fields(of: $0))).encodedCount }).map { .auditEntries($0) }
+    }
+
+    private static func batches<T>(_ all: [T], size: (T) -> Int) -> [[T]] {
+        let budget = Frame.maxPayloadBytes - 16
+        var out: [[T]] = []
+        var current: [T] = []
+        var used = 0
+        for x in all {
+            let n = size(x)
+            if used + n > budget && !current.isEmpty {
+                out.append(current)
+                current = []
+                used = 0
+            }
+            current.append(x)
+            used += n
+        }
+        if !current.isEmpty { out.append(current) }
+        return out
+    }
+
+    static func fields(of i: ItemInfo) -> [Field] {
+        var f: [Field] = [
+            .text(ItemTag.id, i.id), .text(ItemTag.service, i.service), .text(ItemTag.account, i.account),
+            .text(ItemTag.label, i.label), .number(ItemTag.kind, UInt64(i.kind.rawValue)), .text(ItemTag.policy, i.policy),
+            .number(ItemTag.reuse, UInt64(i.reuseSeconds)), .number(ItemTag.created, UInt64(bitPattern: i.createdAt)),
+            .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)),
+        ]
+        for exe in i.allowedExecutables { f.append(.text(ItemTag.allowExe, exe)) }
+        return f
+    }
+
+    static func fields(of e: AuditEntryInfo) -> [Field] {
+        var f: [Field] = [
+            .number(AuditTag.seq, UInt64(bitPattern: e.seq)), .number(AuditTag.time, UInt64(bitPattern: e.time)),
+            .number(AuditTag.uid, UInt64(e.uid)), .number(AuditTag.pid, UInt64(UInt32(bitPattern: e.pid))),
+            .text(AuditTag.exe, e.executable), .text(AuditTag.op, e.operation), .text(AuditTag.decision, e.decision),
+            .text(AuditTag.method, e.method), .text(AuditTag.outcome, e.outcome), .text(AuditTag.mac, e.mac),
+            .text(AuditTag.previousMAC, e.previousMAC),
+        ]
+        if let v = e.itemID { f.append(.text(AuditTag.itemID, v)) }
+        if let v = e.service { f.append(.text(AuditTag.service, v)) }
+        if let v = e.account { f.append(.text(AuditTag.account, v)) }
+        if let v = e.reason { f.append(.text(AuditTag.reason, v)) }
+        return f
+    }
+
+    /// Decodes what the broker sent. The client checks it as strictly as the broker checks it.
+    public static func decode(_ payload: SecureBytes) throws(FrameError) -> BrokerMessage {
+        switch try FieldSet.header(payload) {
+        case MessageType.prompt:
+            let fs = try FieldSet.payload(payload, allowed: [1, 2, 3])
+            guard let s = try fs.number(1), s <= 1, let style = Prompt.Style(rawValue: UInt8(s)),
+                  let p = try fs.number(2), p <= 1, let purpose = Prompt.Purpose(rawValue: UInt8(p)) else {
+                throw .malformed("bad prompt")
+            }
+            return .prompt(Prompt(style: style, purpose: purpose, text: try fs.requiredText(3)))
+        case MessageType.notice:
+            let fs = try FieldSet.payload(payload, allowed: [1, 2])
+            guard let s = try fs.number(1), s <= 1, let style = Notice.Style(rawValue: UInt8(s)) else { throw .malformed("bad notice") }
+            return .notice(Notice(style: style, text: try fs.requiredText(2)))
+        case MessageType.items:
+            let fs = try FieldSet.payload(payload, allowed: [ListTag.entry], repeatable: [ListTag.entry])
+            var items: [ItemInfo] = []
+            for e in try fs.nested(ListTag.entry, allowed: ItemTag.all, repeatable: [ItemTag.allowExe]) {
+                guard let k = try e.number(ItemTag.kind), k <= 255, let kind = ItemKind(rawValue: UInt8(k)),
+                      let reuse = try e.number(ItemTag.reuse), reuse <= UInt64(Limits.maxReuseSeconds) else {
+                    throw .malformed("bad item entry")
+                }
+                items.append(ItemInfo(
+                    id: try e.requiredText(ItemTag.id), service: try e.requiredText(ItemTag.service),
+                    account: try e.requiredText(ItemTag.account), label: try e.requiredText(ItemTag.label), kind: kind,
+                    policy: try e.requiredText(ItemTag.policy), allowedExecutables: try e.texts(ItemTag.allowExe),
+                    reuseSeconds: UInt32(reuse), createdAt: Int64(bitPattern: try e.number(ItemTag.created) ?? 0),
+                    updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0)))
+            }
+            return .items(items)
+        case MessageType.audit:
+            let fs = try FieldSet.payload(payload, allowed: [ListTag.entry], repeatable: [ListTag.entry])
+            var entries: [AuditEntryInfo] = []
+            for e in try fs.nested(ListTag.entry, allowed: AuditTag.all) {
+                guard let seq = try e.number(AuditTag.seq), let time = try e.number(AuditTag.time),
+                      let uid = try e.number(AuditTag.uid), uid <= UInt64(UInt32.max),
+                      let pid = try e.number(AuditTag.pid), pid <= UInt64(UInt32.max) else {
+                    throw .malformed("bad audit entry")
+                }
+                entries.append(AuditEntryInfo(
+                    seq: Int64(bitPattern: seq), time: Int64(bitPattern: time), uid: UInt32(uid),
+                    pid: Int32(bitPattern: UInt32(pid)), executable: try e.requiredText(AuditTag.exe),
+                    operation: try e.requiredText(AuditTag.op), itemID: try e.text(AuditTag.itemID),
+                    service: try e.text(AuditTag.service), account: try e.text(AuditTag.account),
+                    decision: try e.requiredText(AuditTag.decision), method: try e.requiredText(AuditTag.method),
+                    reason: try e.text(AuditTag.reason), outcome: try e.requiredText(AuditTag.outcome),
+                    mac: try e.requiredText(AuditTag.mac), previousMAC: try e.requiredText(AuditTag.previousMAC)))
+            }
+            return .auditEntries(entries)
+        case MessageType.response:
+            let fs = try FieldSet.payload(payload, allowed: ResponseTag.all, repeatable: [ResponseTag.finger])
+            guard let o = try fs.number(ResponseTag.outcome), o <= 255, let outcome = Outcome(rawValue: UInt8(o)) else {
+                throw .malformed("unknown outcome")
+            }
+            var r = Response(outcome, detail: try fs.text(ResponseTag.detail))
+            r.secret = try fs.secret(ResponseTag.secret, maxBytes: Limits.maxSecretBytes)
+            r.state = try fs.text(ResponseTag.state)
+            r.secondsLeft = try fs.number(ResponseTag.secondsLeft)
+            r.count = try fs.number(ResponseTag.count)
+            r.firstBadSeq = try fs.number(ResponseTag.firstBad)
+            r.fingers = try fs.texts(ResponseTag.finger)
+            r.reader = try fs.text(ResponseTag.reader)
+            return .response(r)
+        default:
+            throw .unexpectedMessage
+        }
+    }
+}

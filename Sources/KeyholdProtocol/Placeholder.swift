@@ -1,1 +1,0 @@
-// KeyholdProtocol: see the target's files.
