@@ -1,1 +1,175 @@
-print("bench")
+import Foundation
+import Glibc
+import KeyholdClient
+import KeyholdCore
+
+// keyhold-bench: latency, throughput, size and memory of a real broker on a temporary vault.
+// Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.
+//   keyhold-bench [--items N] [--audit-entries N]
+// Defaults: 100,000 items, 1,000,000 audit entries.
+
+let args = CommandLine.arguments
+func option(_ name: String, _ fallback: Int) -> Int {
+    guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
+    return v
+}
+let maxItems = option("--items", 100_000)
+let auditEntries = option("--audit-entries", 1_000_000)
+let bin = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? args[0])
+    .deletingLastPathComponent().path
+
+func now() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+func percentile(_ xs: [Double], _ p: Double) -> Double {
+    let s = xs.sorted()
+    guard !s.isEmpty else { return .nan }
+    return s[min(s.count - 1, Int(Double(s.count) * p))]
+}
+
+func ms(_ x: Double) -> String { String(format: "%.3f ms", x * 1000) }
+
+var rows: [(String, String, String)] = []
+func report(_ what: String, _ value: String, _ target: String) {
+    rows.append((what, value, target))
+    print(String(format: "%-58@ %-22@ %@", what as NSString, value as NSString, target as NSString))
+}
+
+func rss(_ pid: Int32) -> Int {
+    let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+    let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
+    return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
+}
+
+func run(_ path: String, _ arguments: [String], stdin: [UInt8] = []) -> Int32 {
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: path)
+    p.arguments = arguments
+    let inPipe = Pipe()
+    p.standardInput = inPipe
+    p.standardOutput = FileHandle.nullDevice
+    p.standardError = FileHandle.nullDevice
+    try! p.run()
+    if !stdin.isEmpty { inPipe.fileHandleForWriting.write(Data(stdin)) }
+    try? inPipe.fileHandleForWriting.close()
+    p.waitUntilExit()
+    return p.terminationStatus
+}
+
+// A broker on a temporary vault.
+var template = Array("/tmp/khbench-XXXXXX".utf8CString)
+let dir = String(cString: mkdtemp(&template)!)
+defer { try? FileManager.default.removeItem(atPath: dir) }
+let state = dir + "/state", socketPath = dir + "/k.sock"
+let broker = Process()
+broker.executableURL = URL(fileURLWithPath: bin + "/keyholdd")
+broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir]
+broker.standardError = FileHandle.nullDevice
+try! broker.run()
+let vault = Vault(socketPath: socketPath)
+for _ in 0..<500 where (try? vault.items()) == nil { usleep(10_000) }
+
+print("Keyhold benchmark — \(ProcessInfo.processInfo.processorCount) cores, items up to \(maxItems), build: \(bin)")
+print(String(repeating: "-", count: 100))
+
+let value = SecureBytes(copying: Array(repeating: UInt8(ascii: "t"), count: 64))
+var stored = 0
+var putTimes: [Double] = []
+func fill(to n: Int) {
+    putTimes.removeAll(keepingCapacity: true)
+    while stored < n {
+        let t0 = now()
+        try! vault.add(value, service: "bench.example", account: "user-\(stored)")
+        putTimes.append(now() - t0)
+        stored += 1
+    }
+}
+
+func measureGets(_ samples: Int) -> [Double] {
+    var times: [Double] = []
+    for i in 0..<samples {
+        let account = "user-\(Int.random(in: 0..<stored))"
+        let t0 = now()
+        let s = try! vault.secret(service: "bench.example", account: account)
+        times.append(now() - t0)
+        s.wipe()
+        _ = i
+    }
+    return times
+}
+
+fill(to: min(1_000, maxItems))
+let put1k = putTimes
+let get1k = measureGets(2_000)
+report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
+report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
+
+if maxItems >= 10_000 {
+    fill(to: 10_000)
+    var cliGet: [Double] = [], cliPut: [Double] = []
+    for i in 0..<100 {
+        let t0 = now()
+        _ = run(bin + "/keyhold", ["--socket", socketPath, "get", "bench.example", "user-\(Int.random(in: 0..<stored))"])
+        cliGet.append(now() - t0)
+        let t1 = now()
+        _ = run(bin + "/keyhold", ["--socket", socketPath, "put", "cli.example", "n\(i)"], stdin: Array("cli-value".utf8))
+        cliPut.append(now() - t1)
+    }
+    report("get, CLI process, at 10,000 items: p50 / p99", "\(ms(percentile(cliGet, 0.5))) / \(ms(percentile(cliGet, 0.99)))", "target p50 <= 8 ms")
+    report("put, CLI process, at 10,000 items: p50 / p99", "\(ms(percentile(cliPut, 0.5))) / \(ms(percentile(cliPut, 0.99)))", "target p50 <= 12 ms")
+}
+
+if maxItems > 10_000 {
+    let t0 = now()
+    fill(to: maxItems)
+    let fillTime = now() - t0
+    report("put, client library, filling to \(maxItems): p50 / p99", "\(ms(percentile(putTimes, 0.5))) / \(ms(percentile(putTimes, 0.99)))", String(format: "(%.0f s to fill)", fillTime))
+}
+let getN = measureGets(2_000)
+report("get, client library, at \(stored) items: p50 / p99", "\(ms(percentile(getN, 0.5))) / \(ms(percentile(getN, 0.99)))", "target p99 <= 5 ms")
+report("get p50 ratio, \(stored) items vs 1,000", String(format: "%.2fx", percentile(getN, 0.5) / percentile(get1k, 0.5)), "target <= 1.5x")
+
+var listTimes: [Double] = []
+for _ in 0..<3 {
+    let t0 = now()
+    let n = try! vault.items().count
+    listTimes.append(now() - t0)
+    precondition(n >= stored)
+}
+report("list of \(stored) items (client library), best of 3", ms(listTimes.min()!), "target < 500 ms")
+
+let files = ["vault.db", "vault.db-wal"].map { state + "/" + $0 }
+let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) ?? 0 }
+report("database size per item (db + wal, incl. audit rows)", "\(bytes / max(stored, 1)) bytes", "")
+report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024) MiB", "target < 64 MiB")
+
+broker.terminate()
+broker.waitUntilExit()
+
+// Audit: append cost and verification speed, on the store directly (the broker's own code path).
+if auditEntries > 0 {
+    let auditDir = dir + "/audit"
+    let store = try! VaultStore.open(stateDirectory: auditDir)
+    var appendTimes: [Double] = []
+    appendTimes.reserveCapacity(auditEntries)
+    let t0 = now()
+    for i in 0..<auditEntries {
+        let r = AuditRecord(callerUID: 0, callerPID: 1, executable: "/usr/bin/bench", operation: .get, itemID: nil,
+                            service: "bench.example", account: "user-\(i)", decision: .granted, method: .none,
+                            reason: nil, outcome: .ok)
+        let a = now()
+        try! store.append(r)
+        if i % 100 == 0 { appendTimes.append(now() - a) }
+    }
+    let total = now() - t0
+    report("audit append (store, committed), p50 / p99", "\(ms(percentile(appendTimes, 0.5))) / \(ms(percentile(appendTimes, 0.99)))", String(format: "%d entries in %.1f s", auditEntries, total))
+    let v0 = now()
+    let verification = try! store.verifyAudit()
+    let vt = now() - v0
+    report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
+    store.close()
+}
+print(String(repeating: "-", count: 100))

@@ -1,0 +1,141 @@
+import Glibc
+import Testing
+import KeyholdCore
+@testable import KeyholdProtocol
+
+/// Everything a peer can send is decoded here; these tests feed it valid and hostile bytes.
+@Suite struct ProtocolTests {
+    func bytes(_ s: SecureBytes) -> [UInt8] { s.withUnsafeBytes { Array($0) } }
+
+    func roundTrip(_ m: ClientMessage) throws -> ClientMessage {
+        try ClientMessage.decode(SecureBytes(copying: bytes(m.encode())))
+    }
+
+    @Test func requestRoundTrip() throws {
+        var r = Request(.put, item: ItemReference(service: "github.com", account: "alice"))
+        r.secret = SecureBytes(copying: [0, 1, 2, 255])
+        r.appPassword = SecureBytes(copying: Array("pw".utf8))
+        r.label = "Läbel"
+        r.kind = .refreshToken
+        r.policy = "biometry-current-set or device-passcode"
+        r.allowedExecutables = ["/usr/bin/git", "/usr/bin/ssh"]
+        r.reuseSeconds = 300
+        r.update = true
+        r.reason = "sync"
+        r.allowInteraction = false
+        r.since = -5
+        guard case .request(let d) = try roundTrip(.request(r)) else { Issue.record("not a request"); return }
+        #expect(d.operation == .put)
+        #expect(d.item == r.item)
+        #expect(d.secret.map(bytes) == [0, 1, 2, 255])
+        #expect(d.appPassword.map(bytes) == Array("pw".utf8))
+        #expect(d.label == "Läbel" && d.kind == .refreshToken && d.policy == r.policy)
+        #expect(d.allowedExecutables == r.allowedExecutables && d.reuseSeconds == 300 && d.update)
+        #expect(d.reason == "sync" && !d.allowInteraction && d.since == -5 && d.until == nil)
+    }
+
+    @Test func brokerMessagesRoundTrip() throws {
+        var resp = Response(.lockedOut, detail: "wait")
+        resp.secondsLeft = 60
+        resp.fingers = ["right-index-finger", "left-thumb"]
+        resp.secret = SecureBytes(copying: [9, 9])
+        guard case .response(let r) = try BrokerMessage.decode(BrokerMessage.response(resp).encode()) else { Issue.record("no"); return }
+        #expect(r.outcome == .lockedOut && r.detail == "wait" && r.secondsLeft == 60 && r.fingers == resp.fingers)
+        #expect(r.secret.map(bytes) == [9, 9])
+
+        let item = ItemInfo(id: "00", service: "s", account: "a", label: "", kind: .password, policy: "none",
+                            allowedExecutables: ["/bin/x"], reuseSeconds: 5, createdAt: 1, updatedAt: 2)
+        guard case .items(let items) = try BrokerMessage.decode(BrokerMessage.items([item, item]).encode()) else { Issue.record("no"); return }
+        #expect(items == [item, item])
+
+        guard case .prompt(let p) = try BrokerMessage.decode(BrokerMessage.prompt(Prompt(style: .echoOn, purpose: .appPassword, text: "Pw: ")).encode())
+        else { Issue.record("no"); return }
+        #expect(p.style == .echoOn && p.purpose == .appPassword && p.text == "Pw: ")
+    }
+
+    @Test func batchesFitInFrames() {
+        let big = String(repeating: "x", count: Limits.maxTextBytes)
+        let item = ItemInfo(id: "0", service: big, account: big, label: big, kind: .generic, policy: "none",
+                            allowedExecutables: Array(repeating: big, count: Limits.maxAllowedExecutables), reuseSeconds: 0, createdAt: 0, updatedAt: 0)
+        let batches = BrokerMessage.itemBatches(Array(repeating: item, count: 10))
+        #expect(batches.count > 1)
+        var total = 0
+        for b in batches {
+            #expect(b.encode().count <= Frame.maxPayloadBytes)
+            if case .items(let i) = b { total += i.count }
+        }
+        #expect(total == 10)
+    }
+
+    /// Hostile payloads: each must throw a FrameError, never crash, never decode to a request.
+    @Test func hostilePayloadsAreRejected() throws {
+        let valid = bytes(ClientMessage.request(Request(.get, item: ItemReference(service: "s", account: "a"))).encode())
+        var cases: [[UInt8]] = [
+            [], [1], [2, 1], [1, 99],                                   // empty, short, wrong version, unknown type
+            [1, 1, 1, 0, 0],                                            // field header cut short
+            [1, 1, 1, 0xff, 0xff, 0xff, 0xff, 1],                       // length beyond frame
+            [1, 1, 200, 0, 0, 0, 0],                                    // unknown tag
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 99],             // unknown operation
+            [1, 1, 1, 0, 0, 0, 3, 0, 0, 2],                             // number of 3 bytes
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2],             // get without an item
+            valid + [2, 0, 0, 0, 1, 0x41],                              // repeated service
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 2, 0xc3, 0x28, 3, 0, 0, 0, 1, 0x61], // invalid UTF-8
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 1, 0, 3, 0, 0, 0, 1, 0x61],           // NUL in text
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 3, 0, 0, 0, 1, 0x61],              // empty service
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 1, 2, 0, 0, 0, 1, 0x73, 3, 0, 0, 0, 1, 0x61],        // put without secret
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 1, 0x73, 3, 0, 0, 0, 1, 0x61, 13, 0, 0, 0, 1, 2], // bad flag
+            [1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 2, 0, 0, 0, 1, 0x73],                              // service w/o account
+            [1, 2],                                                     // answer without value
+            [1, 12, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0],             // a broker message sent by a client
+        ]
+        // A text field over the limit, and a reuse window over 300 s.
+        cases.append([1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 2, 4, 0, 0, 0x10, 0x01] + Array(repeating: 0x61, count: 4097))
+        cases.append([1, 1, 1, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0, 4, 8, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 1, 45])
+        for c in cases {
+            #expect(throws: FrameError.self, "payload \(c.prefix(24)) must be rejected") { _ = try ClientMessage.decode(SecureBytes(copying: c)) }
+        }
+    }
+
+    /// Random mutations of valid payloads never crash the decoder (bounded: 20,000 cases).
+    @Test func mutatedPayloadsNeverCrash() {
+        var r = Request(.put, item: ItemReference(service: "svc", account: "acct"))
+        r.secret = SecureBytes(copying: Array("top".utf8))
+        r.allowedExecutables = ["/bin/a"]
+        let seeds = [bytes(ClientMessage.request(r).encode()), bytes(ClientMessage.answer(SecureBytes(copying: [1])).encode())]
+        var rng = SystemRandomNumberGenerator()
+        var decoded = 0
+        for i in 0..<20_000 {
+            var b = seeds[i % seeds.count]
+            for _ in 0..<Int.random(in: 1...4, using: &rng) {
+                switch Int.random(in: 0..<3, using: &rng) {
+                case 0 where !b.isEmpty: b[Int.random(in: 0..<b.count, using: &rng)] = UInt8.random(in: 0...255, using: &rng)
+                case 1 where !b.isEmpty: b.removeLast(Int.random(in: 0...min(b.count, 8), using: &rng))
+                default: b.append(UInt8.random(in: 0...255, using: &rng))
+                }
+            }
+            if (try? ClientMessage.decode(SecureBytes(copying: b))) != nil { decoded += 1 }
+            _ = try? BrokerMessage.decode(SecureBytes(copying: b))
+        }
+        #expect(decoded < 20_000)
+    }
+
+    @Test func framesOverASocketPair() throws {
+        var fds: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        defer { close(fds[0]); close(fds[1]) }
+        try Frame.write(ClientMessage.cancel.encode(), to: fds[0])
+        let got = try #require(try Frame.read(from: fds[1]))
+        guard case .cancel = try ClientMessage.decode(got) else { Issue.record("not cancel"); return }
+
+        // An oversized length header is refused before anything is allocated for it.
+        let header: [UInt8] = [0x7f, 0xff, 0xff, 0xff]
+        _ = header.withUnsafeBytes { write(fds[0], $0.baseAddress, 4) }
+        #expect(throws: FrameError.oversized(0x7fff_ffff)) { _ = try Frame.read(from: fds[1]) }
+
+        // A truncated frame: the header promises 10 bytes, 3 arrive, then the peer closes.
+        let partial: [UInt8] = [0, 0, 0, 10, 1, 1, 1]
+        _ = partial.withUnsafeBytes { write(fds[0], $0.baseAddress, $0.count) }
+        shutdown(fds[0], Int32(SHUT_WR))
+        #expect(throws: FrameError.truncated) { _ = try Frame.read(from: fds[1]) }
+    }
+}

@@ -1,0 +1,278 @@
+import Foundation
+import Glibc
+
+/// Where the built products and the repository are, seen from a test process.
+public enum TestPaths {
+    /// The directory holding `keyholdd` and `keyhold` (next to the test bundle).
+    public static let products: String = {
+        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var dir = URL(fileURLWithPath: exe).deletingLastPathComponent()
+        // swift-testing may run the bundle from inside <name>.xctest/…
+        while !FileManager.default.fileExists(atPath: dir.appendingPathComponent("keyholdd").path), dir.path != "/" {
+            dir = dir.deletingLastPathComponent()
+        }
+        return dir.path
+    }()
+
+    public static var keyholdd: String { products + "/keyholdd" }
+    public static var keyhold: String { products + "/keyhold" }
+
+    /// The repository root (for `pam/test` and `schema.sql`).
+    public static let repository: String = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+
+    /// A fresh, short temporary directory (Unix socket paths must stay under 108 bytes).
+    public static func temporaryDirectory(_ prefix: String = "kh") -> String {
+        var template = Array("/tmp/\(prefix)-XXXXXX".utf8CString)
+        guard let p = mkdtemp(&template) else { fatalError("mkdtemp failed") }
+        return String(cString: p)
+    }
+}
+
+/// The result of running a command.
+public struct CommandResult: Sendable {
+    public let status: Int32
+    public let stdout: [UInt8]
+    public let stderr: String
+    public var stdoutText: String { String(decoding: stdout, as: UTF8.self) }
+}
+
+/// Runs `path` with `arguments`, feeding `stdin`, with no controlling terminal (a new
+/// session), so prompts can only come from an askpass program.
+@discardableResult
+public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [], environment: [String: String] = [:],
+                       asUser: String? = nil) -> CommandResult {
+    let p = Process()
+    var args = arguments
+    var exe = path
+    if let user = asUser {
+        // setpriv drops to the user; the command itself then runs unprivileged.
+        args = ["--reuid=\(user)", "--regid=\(user)", "--init-groups", "--", path] + arguments
+        exe = "/usr/bin/setpriv"
+    }
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
+    p.arguments = ["-w", exe] + args
+    var env = ProcessInfo.processInfo.environment
+    env.removeValue(forKey: "KEYHOLD_ASKPASS")
+    for (k, v) in environment { env[k] = v }
+    p.environment = env
+    let inPipe = Pipe(), outPipe = Pipe(), errPipe = Pipe()
+    p.standardInput = inPipe
+    p.standardOutput = outPipe
+    p.standardError = errPipe
+    do { try p.run() } catch { return CommandResult(status: -1, stdout: [], stderr: "cannot run \(path): \(error)") }
+    let writer = Thread {
+        if !stdin.isEmpty { inPipe.fileHandleForWriting.write(Data(stdin)) }
+        try? inPipe.fileHandleForWriting.close()
+    }
+    writer.start()
+    let errBox = DataBox()
+    let errReader = Thread { errBox.set(errPipe.fileHandleForReading.readDataToEndOfFile()) }
+    errReader.start()
+    let out = outPipe.fileHandleForReading.readDataToEndOfFile()
+    p.waitUntilExit()
+    while !errBox.done { usleep(1000) }
+    return CommandResult(status: p.terminationStatus, stdout: [UInt8](out), stderr: String(decoding: errBox.data, as: UTF8.self))
+}
+
+final class DataBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value = Data()
+    private var finished = false
+    func set(_ d: Data) { lock.lock(); value = d; finished = true; lock.unlock() }
+    var done: Bool { lock.lock(); defer { lock.unlock() }; return finished }
+    var data: Data { lock.lock(); defer { lock.unlock() }; return value }
+}
+
+/// A real `keyholdd` on a temporary state directory and socket, using the test PAM stacks in
+/// `pam/test` (pam_matrix with a temporary passdb, so no real account is touched).
+public final class BrokerFixture: @unchecked Sendable {
+    public let directory: String
+    public let stateDirectory: String
+    public let socketPath: String
+    public let passdb: String
+    public let pamDirectory: String
+    public private(set) var process: Process?
+    public var extraEnvironment: [String: String]
+    public let fprintStateDirectory: String?
+
+    /// Passwords for pam_matrix: user → password.
+    public init(passwords: [String: String] = ["root": "right-password"], environment: [String: String] = [:],
+                fprintStateDirectory: String? = nil, pamDirectory: String? = nil) throws {
+        directory = TestPaths.temporaryDirectory("khb")
+        chmod(directory, 0o755)  // an unprivileged test user must reach the socket
+        stateDirectory = directory + "/state"
+        socketPath = directory + "/k.sock"
+        passdb = directory + "/passdb"
+        self.pamDirectory = pamDirectory ?? TestPaths.repository + "/pam/test"
+        // Never the machine's /var/lib/fprint: an empty store unless a test brings fprintd's.
+        let emptyPrints = directory + "/no-prints"
+        if fprintStateDirectory == nil { mkdir(emptyPrints, 0o700) }
+        self.fprintStateDirectory = fprintStateDirectory ?? emptyPrints
+        extraEnvironment = environment
+        try setPasswords(passwords)
+        try start()
+    }
+
+    /// pam_matrix's passdb: `user:password:service`; only the first line per user counts and
+    /// the service field must match, so each user gets a line per Keyhold stack.
+    public func setPasswords(_ passwords: [String: String]) throws {
+        var text = ""
+        for (user, pw) in passwords.sorted(by: { $0.key < $1.key }) {
+            text += "\(user):\(pw):keyhold-passcode\n"
+        }
+        try text.write(toFile: passdb, atomically: true, encoding: .utf8)
+        chmod(passdb, 0o600)
+    }
+
+    public func start() throws {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: TestPaths.keyholdd)
+        var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory]
+        if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
+        p.arguments = args
+        var env = ProcessInfo.processInfo.environment
+        env["PAM_MATRIX_PASSWD"] = passdb
+        for (k, v) in extraEnvironment { env[k] = v }
+        p.environment = env
+        p.standardOutput = FileHandle.nullDevice
+        let log = FileHandle(forWritingAtPath: directory + "/broker.log") ?? {
+            FileManager.default.createFile(atPath: directory + "/broker.log", contents: nil)
+            return FileHandle(forWritingAtPath: directory + "/broker.log")!
+        }()
+        log.seekToEndOfFile()
+        p.standardError = log
+        try p.run()
+        process = p
+        // Ready when the socket accepts a connection.
+        for _ in 0..<400 {
+            if canConnect() { return }
+            if !p.isRunning { throw FixtureError.brokerExited(p.terminationStatus, brokerLog) }
+            usleep(10_000)
+        }
+        throw FixtureError.brokerDidNotStart(brokerLog)
+    }
+
+    public var brokerLog: String { (try? String(contentsOfFile: directory + "/broker.log", encoding: .utf8)) ?? "" }
+
+    func canConnect() -> Bool {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(fd) }
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(socketPath.utf8)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: bytes); raw[bytes.count] = 0 }
+        let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
+        return withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, len) } } == 0
+    }
+
+    /// SIGTERM and wait: a clean shutdown.
+    public func stop() {
+        guard let p = process, p.isRunning else { process = nil; return }
+        p.terminate()
+        p.waitUntilExit()
+        process = nil
+    }
+
+    /// SIGKILL: no chance to clean up.
+    public func kill9() {
+        guard let p = process, p.isRunning else { return }
+        kill(p.processIdentifier, SIGKILL)
+        p.waitUntilExit()
+        process = nil
+    }
+
+    public var pid: Int32 { process?.processIdentifier ?? -1 }
+
+    /// Runs the `keyhold` CLI against this broker.
+    @discardableResult
+    public func cli(_ arguments: [String], stdin: [UInt8] = [], environment: [String: String] = [:], asUser: String? = nil) -> CommandResult {
+        runCommand(TestPaths.keyhold, ["--socket", socketPath] + arguments, stdin: stdin, environment: environment, asUser: asUser)
+    }
+
+    /// An askpass program that answers every prompt with `answer` (or exits 1: cancel).
+    public func askpass(answering answer: String?, name: String = "askpass") -> String {
+        let path = directory + "/" + name
+        let body = answer.map { "#!/bin/sh\nprintf '%s\\n' '\($0)'\n" } ?? "#!/bin/sh\nexit 1\n"
+        FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
+        chmod(path, 0o755)
+        return path
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+}
+
+public enum FixtureError: Error, CustomStringConvertible {
+    case brokerExited(Int32, String)
+    case brokerDidNotStart(String)
+    public var description: String {
+        switch self {
+        case .brokerExited(let s, let log): "keyholdd exited with \(s): \(log)"
+        case .brokerDidNotStart(let log): "keyholdd did not start: \(log)"
+        }
+    }
+}
+
+extension BrokerFixture {
+    /// An askpass program that answers PAM prompts with `password` and the item's application
+    /// password prompt with `appPassword`; nil for either means "cancel" at that prompt.
+    public func askpass(password: String?, appPassword: String?, name: String) -> String {
+        func answer(_ v: String?) -> String { v.map { "printf '%s\\n' '\($0)'; exit 0" } ?? "exit 1" }
+        let path = directory + "/" + name
+        let body = """
+            #!/bin/sh
+            case "$1" in
+              *"Application password"*|*"Again"*) \(answer(appPassword)) ;;
+              *) \(answer(password)) ;;
+            esac
+
+            """
+        FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
+        chmod(path, 0o755)
+        return path
+    }
+
+    /// Runs a shell script in ONE new session with no terminal (several `keyhold` calls that
+    /// share a login session, as reuse windows need). `$KH` is the CLI with this broker's socket.
+    @discardableResult
+    public func script(_ body: String, environment: [String: String] = [:], asUser: String? = nil) -> CommandResult {
+        var env = environment
+        env["KH_BIN"] = TestPaths.keyhold
+        env["KH_SOCK"] = socketPath
+        let text = "KH() { \"$KH_BIN\" --socket \"$KH_SOCK\" \"$@\"; }\n" + body
+        return runCommand("/bin/sh", ["-c", text], environment: env, asUser: asUser)
+    }
+
+    /// A PAM directory copied from `pam/test`, with a marker module first in every auth stack:
+    /// pam_exec touches `marker` whenever PAM runs the stack at all.
+    public func pamDirectoryWithMarker(_ marker: String) throws -> String {
+        let dir = directory + "/pam-marked"
+        try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
+        for name in try FileManager.default.contentsOfDirectory(atPath: pamDirectory) {
+            var text = try String(contentsOfFile: pamDirectory + "/" + name, encoding: .utf8)
+            if name.hasPrefix("keyhold") {
+                text = "auth optional pam_exec.so quiet /usr/bin/touch \(marker)\n" + text
+            }
+            try text.write(toFile: dir + "/" + name, atomically: true, encoding: .utf8)
+        }
+        return dir
+    }
+}
+
+/// A throwaway unprivileged account, removed again on deinit.
+public final class TestUser: @unchecked Sendable {
+    public let name: String
+    public let uid: UInt32
+
+    public init(prefix: String = "khu") throws {
+        name = "\(prefix)\(getpid() % 100000)\(Int.random(in: 10...99))"
+        let r = runCommand("/usr/sbin/useradd", ["-M", "-s", "/usr/sbin/nologin", name])
+        guard r.status == 0, let pw = getpwnam(name) else { throw FixtureError.brokerDidNotStart("useradd failed: \(r.stderr)") }
+        uid = pw.pointee.pw_uid
+    }
+
+    deinit { runCommand("/usr/sbin/userdel", [name]) }
+}
