@@ -38,7 +38,10 @@ public final class PAMAuthenticator: Sendable {
         }
         let deadline = PAMIO.monotonicNanos() + UInt64(deadlineSeconds) * 1_000_000_000
         guard let helper = PAMHelperHandle.spawn(executable: helperExecutable) else { return .helperFailed }
-        defer { helper.killAndReap() }
+        // After a result the helper has run pam_end and is exiting; any other end may leave
+        // programs its modules started in their own sessions (pam_exec calls setsid).
+        var ended = false
+        defer { helper.killAndReap(descendants: !ended) }
 
         let wire = PAMWireRequest(request: request, serviceDirectory: serviceDirectory,
                                   deadlineSeconds: UInt32(deadlineSeconds))
@@ -70,6 +73,7 @@ public final class PAMAuthenticator: Sendable {
                 guard let frame = frame else { return .helperFailed }  // garbled
                 switch frame {
                 case .done(let stage, let code):
+                    ended = true
                     return Self.result(stage: stage, code: code, answeredPrompt: answeredPrompt)
                 case .message(let message):
                     messages += 1
@@ -227,10 +231,30 @@ final class PAMHelperHandle {
         return PAMHelperHandle(pid: pid, channel: brokerEnd)
     }
 
-    /// SIGKILL to the helper's process group (programs its modules started die too), then reap.
-    func killAndReap() {
+    /// SIGKILL to the helper's process group, and with `descendants` to every process below it
+    /// (stopped first, so none can fork past the scan; pam_exec children run in their own
+    /// session and would escape a group kill). Then reap the helper.
+    func killAndReap(descendants: Bool = true) {
         guard !reaped else { return }
         reaped = true
+        if descendants {
+            kill(pid, SIGSTOP)
+            var tree: Set<Int32> = [pid]
+            var grew = true
+            var rounds = 0
+            while grew && rounds < 16 {
+                grew = false
+                rounds += 1
+                for p in ProcFile.pids() where !tree.contains(p) {
+                    if let s = ProcStat.read(pid: p), tree.contains(s.ppid) {
+                        kill(p, SIGSTOP)
+                        tree.insert(p)
+                        grew = true
+                    }
+                }
+            }
+            for p in tree where p != pid { kill(p, SIGKILL) }
+        }
         kill(-pid, SIGKILL)
         kill(pid, SIGKILL)
         var status: Int32 = 0
@@ -238,7 +262,7 @@ final class PAMHelperHandle {
         close(channel)
     }
 
-    deinit { killAndReap() }
+    deinit { killAndReap(descendants: true) }
 
     typealias CloseFrom = @convention(c) (UnsafeMutablePointer<posix_spawn_file_actions_t>?, Int32) -> Int32
     /// glibc ≥ 2.34 has posix_spawn_file_actions_addclosefrom_np, declared only under _GNU_SOURCE.
