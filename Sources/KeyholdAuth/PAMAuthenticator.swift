@@ -127,15 +127,16 @@ struct PAMFrameReader {
     private var buffer: [UInt8] = []
     private(set) var sawEOF = false
 
+    /// One read per wake-up: complete frames are handled before more is read, so the buffer
+    /// never holds more than one partial frame plus one chunk, whatever the helper writes.
     mutating func fill(from fd: Int32) -> Fill {
         var chunk = [UInt8](repeating: 0, count: 4096)
         while true {
             let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress!, $0.count) }
             if n > 0 {
                 buffer += chunk[0..<n]
-                // Never more than one maximal frame plus a header pending: more is a flood.
-                if buffer.count > 2 * (PAMFrame.headerBytes + PAMFrameKind.message.maxPayload) { return .broken }
-                continue
+                if buffer.count > PAMFrame.headerBytes + PAMFrameKind.message.maxPayload + chunk.count { return .broken }
+                return .progress
             }
             if n == 0 { sawEOF = true; return .progress }
             if errno == EINTR { continue }

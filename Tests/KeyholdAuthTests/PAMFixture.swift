@@ -55,6 +55,16 @@ enum PAMFixture {
         return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "") ?? -1
     }
 
+    /// True once no process with `marker` in its command line is left. SIGKILL is delivered
+    /// asynchronously, so this waits (bounded, up to 5 s) instead of looking once.
+    static func allGone(_ marker: String) -> Bool {
+        for _ in 0..<500 {
+            if processes(containing: marker).isEmpty { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+
     /// Pids of live processes whose command line contains `marker`.
     static func processes(containing marker: String) -> [Int32] {
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []

@@ -97,7 +97,7 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
                 PAMRequest(service: "custom", user: "dave"), allowInteraction: true, interruptFD: p[0]) { conv($0) }
             #expect(r == .canceled)
             #expect(conv.messages == [.info("waiting")])
-            #expect(PAMFixture.processes(containing: "sleep \(marker)").isEmpty)
+            #expect(PAMFixture.allGone("sleep \(marker)"))
         }
     }
 
@@ -121,7 +121,7 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
             let r = PAMFixture.authenticator(dir, deadline: 1).authenticate(
                 PAMRequest(service: "custom", user: "dave"), allowInteraction: true, interruptFD: nil) { _ in .answer(SecureBytes(count: 0)) }
             #expect(r == .helperFailed)
-            #expect(PAMFixture.processes(containing: "sleep \(marker)").isEmpty)
+            #expect(PAMFixture.allGone("sleep \(marker)"))
         }
     }
 
