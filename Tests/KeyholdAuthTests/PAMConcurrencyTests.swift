@@ -6,7 +6,21 @@ import Testing
 /// Each call has its own helper: a transaction stuck in a module holds up nobody else, and
 /// the system PAM path (pam_start without a service directory) works the same way.
 @Suite struct PAMConcurrencyTests {
-    @Test func aHangingTransactionDoesNotHoldUpOthers() async throws {
+    /// Results collected from plain threads (the broker calls from its own threads; Swift
+    /// concurrency's pool is too small on 2 cores to host blocking calls side by side).
+    final class Results: @unchecked Sendable {
+        private let lock = NSLock()
+        private var items: [PAMResult] = []
+        func add(_ r: PAMResult) { lock.lock(); items.append(r); lock.unlock() }
+        var all: [PAMResult] { lock.lock(); defer { lock.unlock() }; return items }
+    }
+
+    static func onThread(_ group: DispatchGroup, _ body: @escaping @Sendable () -> Void) {
+        group.enter()
+        Thread.detachNewThread { body(); group.leave() }
+    }
+
+    @Test func aHangingTransactionDoesNotHoldUpOthers() {
         let dir = PAMFixture.tempDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let marker = "989.\(getpid())"
@@ -17,32 +31,30 @@ import Testing
         let (readEnd, writeEnd) = (p[0], p[1])
         defer { close(readEnd); close(writeEnd) }
 
-        let hanging = Task.detached { () -> PAMResult in
-            PAMFixture.authenticator(dir).authenticate(PAMRequest(service: "custom", user: "dave"),
-                                                       allowInteraction: true, interruptFD: readEnd) { _ in .answer(SecureBytes(count: 0)) }
+        let hanging = Results(), others = Results()
+        let hangingDone = DispatchGroup(), othersDone = DispatchGroup()
+        Self.onThread(hangingDone) {
+            hanging.add(PAMFixture.authenticator(dir).authenticate(PAMRequest(service: "custom", user: "dave"),
+                        allowInteraction: true, interruptFD: readEnd) { _ in .answer(SecureBytes(count: 0)) })
         }
         // Wait until the hanging module is running (bounded poll, no timing assertion).
-        for _ in 0..<500 where PAMFixture.processes(containing: "sleep \(marker)").isEmpty { usleep(10_000) }
+        for _ in 0..<1000 where PAMFixture.processes(containing: "sleep \(marker)").isEmpty { usleep(10_000) }
         #expect(!PAMFixture.processes(containing: "sleep \(marker)").isEmpty)
 
-        let results = await withTaskGroup(of: PAMResult.self) { group in
-            for i in 0..<16 {
-                group.addTask {
-                    PAMFixture.authenticator().authenticate(PAMRequest(service: "keyhold-passcode", user: "alice"),
-                                                            allowInteraction: true, interruptFD: nil) { _ in
-                        .answer(PAMFixture.secret(i % 2 == 0 ? "s3cret" : "wrong"))
-                    }
-                }
+        for i in 0..<16 {
+            Self.onThread(othersDone) {
+                others.add(PAMFixture.authenticator().authenticate(PAMRequest(service: "keyhold-passcode", user: "alice"),
+                           allowInteraction: true, interruptFD: nil) { _ in .answer(PAMFixture.secret(i % 2 == 0 ? "s3cret" : "wrong")) })
             }
-            var all: [PAMResult] = []
-            for await r in group { all.append(r) }
-            return all
         }
-        #expect(results.filter { $0 == .success(answeredPrompt: true) }.count == 8)
-        #expect(results.filter { $0 == .failed(code: 7) }.count == 8)
+        othersDone.wait()
+        #expect(others.all.filter { $0 == .success(answeredPrompt: true) }.count == 8)
+        #expect(others.all.filter { $0 == .failed(code: 7) }.count == 8)
+        #expect(hanging.all.isEmpty)  // still stuck in its module meanwhile
 
         _ = write(writeEnd, "x", 1)
-        #expect(await hanging.value == .canceled)
+        hangingDone.wait()
+        #expect(hanging.all == [.canceled])
         #expect(PAMFixture.allGone("sleep \(marker)"))
     }
 
