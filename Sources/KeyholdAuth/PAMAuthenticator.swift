@@ -122,6 +122,17 @@ public final class PAMAuthenticator: Sendable {
 
 /// Frames from the helper, parsed strictly from a bounded buffer filled without blocking.
 struct PAMFrameReader {
+    /// Module text is shown on the caller's terminal: invalid UTF-8 becomes U+FFFD and control
+    /// characters other than tab and newline (escape sequences) are dropped.
+    static func displayable(_ bytes: ArraySlice<UInt8>) -> String {
+        var scalars = String.UnicodeScalarView()
+        for u in String(decoding: bytes, as: UTF8.self).unicodeScalars {
+            let v = u.value
+            if v == 0x09 || v == 0x0A || (v >= 0x20 && v != 0x7F && !(0x80...0x9F).contains(v)) { scalars.append(u) }
+        }
+        return String(scalars)
+    }
+
     enum Frame { case message(PAMMessage), done(stage: UInt8, code: Int32) }
     enum Fill { case progress, broken }
     private var buffer: [UInt8] = []
@@ -156,7 +167,7 @@ struct PAMFrameReader {
         switch kind {
         case .message:
             guard let style = payload.first else { return .some(nil) }
-            let text = String(decoding: payload.dropFirst(), as: UTF8.self)
+            let text = Self.displayable(payload.dropFirst())
             switch style {
             case PAMFrame.styleEchoOff: return .message(.promptEchoOff(text))
             case PAMFrame.styleEchoOn: return .message(.promptEchoOn(text))

@@ -152,6 +152,17 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
         #expect(r == .helperFailed)
     }
 
+    @Test func moduleTextCannotCarryTerminalEscapes() {
+        // info "\e[2J\x9b\x07ok\tgo\n", then a well-formed "success" done frame.
+        let (auth, dir) = fakeHelper("printf '\\020\\000\\000\\000\\017\\004\\033[2J\\302\\233\\007ok\\tgo\\n\\377' >&3; printf '\\021\\000\\000\\000\\005\\003\\000\\000\\000\\000' >&3")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        var seen: [PAMMessage] = []
+        let r = auth.authenticate(PAMRequest(service: "keyhold-passcode", user: "alice"),
+                                  allowInteraction: false, interruptFD: nil) { m in seen.append(m); return .answer(SecureBytes(count: 0)) }
+        #expect(r == .success(answeredPrompt: false))
+        #expect(seen == [.info("[2Jok\tgo\n\u{FFFD}")])
+    }
+
     @Test func floodOfMessagesFailsClosed() {
         let (auth, dir) = fakeHelper("while :; do printf '\\020\\000\\000\\000\\002\\004x'; done >&3")
         defer { try? FileManager.default.removeItem(atPath: dir) }
