@@ -75,6 +75,36 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
         }
     }
 
+    @Test func helperIsHardenedAndModuleProgramsDoNotInheritTheChannel() throws {
+        let dir = PAMFixture.tempDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        // pam_exec's program is a child of the helper: it reports on its parent and on itself.
+        PAMFixture.write("""
+            #!/bin/sh
+            grep -E '^(SigBlk|SigIgn):' /proc/$PPID/status > \(dir)/status
+            grep 'core file size' /proc/$PPID/limits > \(dir)/limits
+            ls /proc/$PPID/fd | sort -n | tr '\\n' ' ' > \(dir)/helper-fds
+            ls /proc/$$/fd | sort -n | tr '\\n' ' ' > \(dir)/own-fds
+            """, to: dir + "/probe.sh", mode: 0o755)
+        PAMFixture.write("auth required pam_exec.so \(dir)/probe.sh\naccount required pam_permit.so\n", to: dir + "/custom")
+        let r = PAMFixture.authenticator(dir).authenticate(PAMRequest(service: "custom", user: "dave"),
+                                                           allowInteraction: false, interruptFD: nil) { _ in .cancel }
+        #expect(r == .success(answeredPrompt: false))
+        let status = try String(contentsOfFile: dir + "/status", encoding: .utf8)
+        let blocked = status.split(separator: "\n").first { $0.hasPrefix("SigBlk:") }.flatMap { UInt64($0.split(separator: "\t").last ?? "", radix: 16) }
+        let ignored = status.split(separator: "\n").first { $0.hasPrefix("SigIgn:") }.flatMap { UInt64($0.split(separator: "\t").last ?? "", radix: 16) }
+        #expect(blocked.map { $0 & (1 << (SIGINT - 1)) != 0 } == true)   // SIGINT blocked (pam_fprintd's cancel)
+        #expect(ignored.map { $0 & (1 << (SIGPIPE - 1)) != 0 } == true)  // a dead broker is an error, not a signal
+        let limits = try String(contentsOfFile: dir + "/limits", encoding: .utf8)
+        #expect(limits.split(whereSeparator: \.isWhitespace).suffix(3) == ["0", "0", "bytes"])  // RLIMIT_CORE 0/0
+        // The helper holds 0, 1, 2, the channel and whatever pam_exec opened for its child;
+        // the module's program must not hold the channel.
+        let helperFDs = try String(contentsOfFile: dir + "/helper-fds", encoding: .utf8).split(separator: " ")
+        #expect(helperFDs.prefix(4) == ["0", "1", "2", "3"])
+        let ownFDs = try String(contentsOfFile: dir + "/own-fds", encoding: .utf8).split(separator: " ")
+        #expect(!ownFDs.contains("3"))
+    }
+
     /// A module that never returns (pam_exec waiting on a long sleep), preceded by an info
     /// message so the test knows the helper is inside the stack.
     private func hangingStack(_ marker: String) -> [String] {
