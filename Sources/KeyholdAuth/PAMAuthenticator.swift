@@ -26,10 +26,16 @@ public final class PAMAuthenticator: Sendable {
     /// Authenticates `request.user` through `request.service`.
     /// - allowInteraction: when false, the first prompt ends the transaction with
     ///   `.interactionNeeded` before anyone answers it; info and error messages are relayed.
-    /// - interruptFD: when it becomes readable (or hangs up), the helper is killed → `.canceled`.
-    ///   It is watched while the helper runs; while `conversation` runs, the conversation itself
-    ///   must notice the caller going away and return `.cancel`.
-    /// - conversation: called on this thread for each message, in order.
+    /// - interruptFD: when it becomes readable (or hangs up, or is invalid), the helper is killed
+    ///   → `.canceled`. It is polled while the helper runs and checked just before and after each
+    ///   `conversation` call; *during* that call the conversation itself must notice the caller
+    ///   going away and return `.cancel`.
+    /// - conversation: called on this thread for each message, in order. For info and error
+    ///   messages the answer is ignored but `.cancel` still ends the transaction.
+    ///
+    /// The deadline covers the whole transaction, time spent at prompts included. Requirement on
+    /// the broker process: SIGCHLD must not be ignored (SA_NOCLDWAIT), and nothing else may
+    /// `waitpid(-1)`, or helpers would be reaped behind this call's back.
     public func authenticate(_ request: PAMRequest, allowInteraction: Bool, interruptFD: Int32?,
                              conversation: (PAMMessage) -> PAMAnswer) -> PAMResult {
         guard PAMRequestRules.validService(request.service) else { return .unavailable(code: PAM_SERVICE_ERR) }
