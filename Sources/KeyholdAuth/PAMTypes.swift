@@ -1,0 +1,105 @@
+import CPAM
+import KeyholdCore
+
+/// One PAM transaction to run: which service stack, for which user, with the facts the broker
+/// verified about the caller's session (never values the client merely claims).
+public struct PAMRequest: Sendable, Equatable {
+    /// PAM service name (a file in the service directory): letters, digits, `.`, `_`, `-`.
+    public var service: String
+    /// The account to authenticate: the passwd name of the caller's kernel-verified uid.
+    public var user: String
+    /// PAM_RUSER: the requesting user (the caller's name).
+    public var ruser: String?
+    /// PAM_TTY: the caller's controlling terminal, e.g. `/dev/pts/3`.
+    public var tty: String?
+    /// PAM_RHOST: set only for a caller in a remote (SSH) session; pam_fprintd refuses those.
+    public var rhost: String?
+
+    public init(service: String, user: String, ruser: String? = nil, tty: String? = nil, rhost: String? = nil) {
+        self.service = service
+        self.user = user
+        self.ruser = ruser
+        self.tty = tty
+        self.rhost = rhost
+    }
+}
+
+/// What a PAM module says through the conversation, relayed to the caller.
+public enum PAMMessage: Sendable, Equatable {
+    case promptEchoOff(String)
+    case promptEchoOn(String)
+    case error(String)
+    case info(String)
+
+    public var isPrompt: Bool {
+        switch self {
+        case .promptEchoOff, .promptEchoOn: true
+        case .error, .info: false
+        }
+    }
+}
+
+/// The caller's reply to a message. For info and error messages the answer is ignored, but
+/// `.cancel` still ends the transaction.
+public enum PAMAnswer: Sendable {
+    case answer(SecureBytes)
+    case cancel
+}
+
+/// How a transaction ended. Only `.success` authenticates; every other case is a denial.
+public enum PAMResult: Sendable, Equatable {
+    /// pam_authenticate and pam_acct_mgmt both succeeded. `answeredPrompt` is what the broker
+    /// itself saw (an answer was given to a prompt): password rather than fingerprint.
+    case success(answeredPrompt: Bool)
+    /// Credentials were checked and rejected: PAM_AUTH_ERR, PAM_MAXTRIES (pam_fprintd: wrong
+    /// finger), PAM_PERM_DENIED, PAM_USER_UNKNOWN, or an account error from pam_acct_mgmt.
+    case failed(code: Int32)
+    /// The stack could not do its work: PAM_AUTHINFO_UNAVAIL (no reader, no prints, remote
+    /// session for pam_fprintd), a missing module or service file, a bad request.
+    case unavailable(code: Int32)
+    /// The conversation answered `.cancel`, or the interrupt fd fired.
+    case canceled
+    /// A prompt arrived while interaction was not allowed; it was never answered.
+    case interactionNeeded
+    /// The helper crashed, hung past the deadline, or broke the framing.
+    case helperFailed
+}
+
+extension PAMResult {
+    /// Classifies a non-zero return code of pam_authenticate or pam_acct_mgmt.
+    static func classify(_ code: Int32) -> PAMResult {
+        switch code {
+        case PAM_AUTH_ERR, PAM_PERM_DENIED, PAM_MAXTRIES, PAM_USER_UNKNOWN, PAM_CRED_INSUFFICIENT,
+             PAM_ACCT_EXPIRED, PAM_NEW_AUTHTOK_REQD, PAM_AUTHTOK_EXPIRED, PAM_AUTHTOK_ERR:
+            return .failed(code: code)
+        default:
+            return .unavailable(code: code)
+        }
+    }
+}
+
+/// Checks on request fields, applied by the broker before spawning and again by the helper.
+enum PAMRequestRules {
+    /// PAM_MAX_RESP_SIZE: libpam and pam_unix do not handle longer answers.
+    static let maxAnswerBytes = 512
+    /// Longer module messages are cut (PAM_MAX_MSG_SIZE is 512; this leaves room).
+    static let maxMessageBytes = 4096
+    static let maxFieldBytes = 1024
+    static let maxServiceBytes = 128
+
+    /// A service name becomes a path inside the service directory: no `/`, no `..`.
+    static func validService(_ s: String) -> Bool {
+        let u = Array(s.utf8)
+        guard !u.isEmpty, u.count <= maxServiceBytes, u.first != UInt8(ascii: ".") else { return false }
+        return u.allSatisfy { b in
+            (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A)
+                || b == UInt8(ascii: ".") || b == UInt8(ascii: "_") || b == UInt8(ascii: "-")
+        }
+    }
+
+    /// Any other field becomes a C string: no NUL, bounded, not empty.
+    static func validField(_ s: String) -> Bool {
+        let u = s.utf8
+        return !u.isEmpty && u.count <= maxFieldBytes && !u.contains(0)
+    }
+}
