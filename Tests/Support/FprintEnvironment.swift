@@ -23,25 +23,24 @@ public enum FprintEnvironmentError: Error, CustomStringConvertible {
 /// One background "finger on the reader": started before the call that waits for a finger,
 /// it sends its reader commands once fprintd's device reports `finger-needed`.
 public final class FprintTouch: @unchecked Sendable {
-    private let process: Process
+    private let process: SpawnedProcess
 
-    init(process: Process) { self.process = process }
+    init(process: SpawnedProcess) { self.process = process }
 
     /// Waits for the touch to finish. True when the commands were sent (someone asked for a
     /// finger in time), false when nobody did or it was cancelled.
     @discardableResult
     public func wait(timeout: Double = 30) -> Bool {
-        if !FprintEnvironment.waitForExit(process, timeout: timeout) {
+        if !process.waitForExit(timeout: timeout) {
             cancel()
             return false
         }
-        return process.terminationReason == .exit && process.terminationStatus == 0
+        return process.exitCode == 0
     }
 
     /// Stops a touch that is still waiting (for tests where no finger is ever asked for).
     public func cancel() {
-        if process.isRunning { process.terminate() }
-        _ = FprintEnvironment.waitForExit(process, timeout: 5)
+        process.stop()
     }
 
     var isRunning: Bool { process.isRunning }
@@ -84,9 +83,9 @@ public final class FprintEnvironment: @unchecked Sendable {
     public var fprintdLogPath: String { directory + "/fprintd.log" }
 
     private let lock = NSLock()
-    private var dbus: Process?
-    private var polkit: Process?
-    private var fprintdProcess: Process?
+    private var dbus: SpawnedProcess?
+    private var polkit: SpawnedProcess?
+    private var fprintdProcess: SpawnedProcess?
     private var touches: [FprintTouch] = []
     private var stopped = false
     private var logCounter = 0
@@ -99,10 +98,10 @@ public final class FprintEnvironment: @unchecked Sendable {
 
     /// Pids of the daemons this environment started and still tracks (bus, polkit mock, fprintd).
     public var processIDs: [Int32] {
-        lock.withLock { [dbus, polkit, fprintdProcess].compactMap { $0?.processIdentifier } }
+        lock.withLock { [dbus, polkit, fprintdProcess].compactMap { $0?.pid } }
     }
 
-    public var fprintdProcessID: Int32? { lock.withLock { fprintdProcess?.processIdentifier } }
+    public var fprintdProcessID: Int32? { lock.withLock { fprintdProcess?.pid } }
 
     // MARK: start / restart / stop
 
@@ -142,9 +141,9 @@ public final class FprintEnvironment: @unchecked Sendable {
         // No <servicedir>: nothing is bus-activated, only what we start runs.
         try config.write(toFile: dir + "/system-bus.conf", atomically: false, encoding: .utf8)
 
-        // --nofork keeps the bus our own child, so stop() can reap it by its Process.
+        // --nofork keeps the bus our own child, so stop() can reap it.
         let busLog = dir + "/dbus.log"
-        let bus: Process
+        let bus: SpawnedProcess
         do {
             bus = try launch(dbusDaemon, ["--config-file=\(dir)/system-bus.conf", "--nofork", "--print-address=1"],
                              environment: baseEnvironment(), log: busLog)
@@ -163,7 +162,7 @@ public final class FprintEnvironment: @unchecked Sendable {
             }
         }
         guard let address else {
-            stopProcess(bus)
+            bus.stop()
             let log = (try? String(contentsOfFile: busLog, encoding: .utf8)) ?? ""
             removeTree(dir)
             throw FprintEnvironmentError.startFailed("dbus-daemon", log: log)
@@ -191,12 +190,12 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// reader's heat per process; after ~180 s of cumulative waiting it reports "overheated"
     /// and fails every verify, so suites restart it per test group.
     public func restart() throws {
-        let old = lock.withLock { () -> Process? in
+        let old = lock.withLock { () -> SpawnedProcess? in
             let p = fprintdProcess
             fprintdProcess = nil
             return p
         }
-        if let old { Self.stopProcess(old) }
+        if let old { old.stop() }
         try fpctlRun(["wait-gone", "net.reactivated.Fprint", "10"], what: "old fprintd leaving the bus", timeout: 20)
         try startFprintd()
         try fpctlRun(["wait-name", "net.reactivated.Fprint", "10"], what: "waiting for fprintd", timeout: 20)
@@ -205,7 +204,7 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// Kills only the processes this environment started (touches, fprintd, polkit mock, bus),
     /// waits for each to be gone, and removes the directory. Safe to call twice.
     public func stop() {
-        let (ts, procs) = lock.withLock { () -> ([FprintTouch], [Process]) in
+        let (ts, procs) = lock.withLock { () -> ([FprintTouch], [SpawnedProcess]) in
             if stopped { return ([], []) }
             stopped = true
             let ps = [fprintdProcess, polkit, dbus].compactMap { $0 }
@@ -216,7 +215,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         }
         if procs.isEmpty && ts.isEmpty { return }
         for t in ts { t.cancel() }
-        for p in procs { Self.stopProcess(p) }
+        for p in procs { p.stop() }
         if ProcessInfo.processInfo.environment["KEYHOLD_KEEP_FPRINT_DIR"] == nil {
             Self.removeTree(directory)
         }
@@ -236,7 +235,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         env["RUNTIME_DIRECTORY"] = directory + "/run"
         env["G_MESSAGES_DEBUG"] = "all"
         // -t: do not exit when idle (it expects bus activation, which this bus does not do).
-        let p = try Self.launch(Self.fprintd, ["-t"], environment: env, log: fprintdLogPath, append: true)
+        let p = try Self.launch(Self.fprintd, ["-t"], environment: env, log: fprintdLogPath)
         lock.withLock { fprintdProcess = p }
     }
 
@@ -247,21 +246,19 @@ public final class FprintEnvironment: @unchecked Sendable {
     public func enroll(user: String, finger: String = "right-index-finger", print: String) throws {
         let feeder = try fpctlLaunch(["feed-enroll", deviceSocket, print, "15"], name: "feed-enroll")
         let log = nextLog("enroll")
-        let enroller: Process
+        let enroller: SpawnedProcess
         do {
             enroller = try Self.launch(Self.fprintdEnroll, ["-f", finger, user], environment: childEnvironment(), log: log)
         } catch {
-            Self.stopProcess(feeder)
+            feeder.stop()
             throw error
         }
-        let enrolled = Self.waitForExit(enroller, timeout: 30)
-        if !enrolled { Self.stopProcess(enroller) }
-        if !Self.waitForExit(feeder, timeout: 5) { Self.stopProcess(feeder) }
+        let enrolled = enroller.waitForExit(timeout: 30)
+        if !enrolled { enroller.stop() }
+        if !feeder.waitForExit(timeout: 5) { feeder.stop() }
         let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        guard enrolled, enroller.terminationReason == .exit, enroller.terminationStatus == 0,
-              output.contains("enroll-completed") else {
-            throw FprintEnvironmentError.commandFailed("fprintd-enroll", status: enrolled ? enroller.terminationStatus : -1,
-                                                       output: output)
+        guard enrolled, enroller.exitCode == 0, output.contains("enroll-completed") else {
+            throw FprintEnvironmentError.commandFailed("fprintd-enroll", status: enroller.exitCode ?? -1, output: output)
         }
     }
 
@@ -364,7 +361,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         return "\(directory)/logs/\(n)-\(name).log"
     }
 
-    private func fpctlLaunch(_ args: [String], name: String) throws -> Process {
+    private func fpctlLaunch(_ args: [String], name: String) throws -> SpawnedProcess {
         try Self.launch(Self.systemPython, [Self.fpctl] + args, environment: childEnvironment(), log: nextLog(name))
     }
 
@@ -372,55 +369,21 @@ public final class FprintEnvironment: @unchecked Sendable {
     private func fpctlRun(_ args: [String], what: String, timeout: Double = 30) throws -> String {
         let log = nextLog(args[0])
         let p = try Self.launch(Self.systemPython, [Self.fpctl] + args, environment: childEnvironment(), log: log)
-        let done = Self.waitForExit(p, timeout: timeout)
-        if !done { Self.stopProcess(p) }
+        let done = p.waitForExit(timeout: timeout)
+        if !done { p.stop() }
         let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        guard done, p.terminationReason == .exit, p.terminationStatus == 0 else {
-            throw FprintEnvironmentError.commandFailed(what, status: done ? p.terminationStatus : -1, output: output)
+        guard done, p.exitCode == 0 else {
+            throw FprintEnvironmentError.commandFailed(what, status: p.exitCode ?? -1, output: output)
         }
         return output
     }
 
-    static func launch(_ path: String, _ args: [String], environment: [String: String], log: String,
-                       append: Bool = false) throws -> Process {
-        if !append || !FileManager.default.fileExists(atPath: log) {
-            _ = FileManager.default.createFile(atPath: log, contents: nil)
-        }
-        guard let out = FileHandle(forWritingAtPath: log) else {
-            throw FprintEnvironmentError.startFailed(path, log: "cannot open \(log)")
-        }
-        defer { try? out.close() }  // the child holds its own copy of the descriptor
-        if append { out.seekToEndOfFile() }
-        let p = Process()
-        p.executableURL = URL(fileURLWithPath: path)
-        p.arguments = args
-        p.environment = environment
-        p.standardInput = FileHandle.nullDevice
-        p.standardOutput = out
-        p.standardError = out
-        do { try p.run() } catch {
+    static func launch(_ path: String, _ args: [String], environment: [String: String],
+                       log: String) throws -> SpawnedProcess {
+        do {
+            return try SpawnedProcess.spawn(path, args, environment: environment, log: log)
+        } catch {
             throw FprintEnvironmentError.startFailed(path, log: "\(error)")
-        }
-        return p
-    }
-
-    /// Polls instead of blocking forever: a hung child must fail the test, not the run.
-    static func waitForExit(_ p: Process, timeout: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(timeout)
-        while p.isRunning {
-            if Date() >= deadline { return false }
-            usleep(5_000)
-        }
-        return true
-    }
-
-    /// SIGTERM, then SIGKILL after 5 s. Signals go only to this Process's own pid.
-    static func stopProcess(_ p: Process) {
-        guard p.isRunning else { return }
-        p.terminate()
-        if !waitForExit(p, timeout: 5) {
-            kill(p.processIdentifier, SIGKILL)
-            _ = waitForExit(p, timeout: 5)
         }
     }
 
