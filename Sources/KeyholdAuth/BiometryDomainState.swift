@@ -114,12 +114,6 @@ public enum BiometryStore {
         return .enrolled(fingers: fingers, digest: digest)
     }
 
-    /// The fingerprint reader's name for `keyhold biometry`. Not implemented: it needs
-    /// fprintd's D-Bus API (Manager.GetDefaultDevice, Device.name), and there is no D-Bus
-    /// library in the package yet (libsystemd's sd-bus would need a new system-library
-    /// target and libsystemd-dev). Always nil for now; callers show "unknown reader".
-    public static func readerDescription(busAddress: String? = nil) -> String? { nil }
-
     static func fingerIndex(_ name: [UInt8]) -> Int? {
         guard name.count == 1 else { return nil }
         switch name[0] {

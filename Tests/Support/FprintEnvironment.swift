@@ -190,15 +190,22 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// reader's heat per process; after ~180 s of cumulative waiting it reports "overheated"
     /// and fails every verify, so suites restart it per test group.
     public func restart() throws {
+        try stopFprintd()
+        try startFprintd()
+        try fpctlRun(["wait-name", "net.reactivated.Fprint", "10"], what: "waiting for fprintd", timeout: 20)
+    }
+
+    /// Stops fprintd only (bus and polkit mock stay): "no fingerprint service" for tests of
+    /// a fallback. `restart()` brings it back with the same prints.
+    public func stopFprintd() throws {
         let old = lock.withLock { () -> SpawnedProcess? in
             let p = fprintdProcess
             fprintdProcess = nil
             return p
         }
-        if let old { old.stop() }
-        try fpctlRun(["wait-gone", "net.reactivated.Fprint", "10"], what: "old fprintd leaving the bus", timeout: 20)
-        try startFprintd()
-        try fpctlRun(["wait-name", "net.reactivated.Fprint", "10"], what: "waiting for fprintd", timeout: 20)
+        guard let old else { return }
+        old.stop()
+        try fpctlRun(["wait-gone", "net.reactivated.Fprint", "10"], what: "fprintd leaving the bus", timeout: 20)
     }
 
     /// Kills only the processes this environment started (touches, fprintd, polkit mock, bus),
