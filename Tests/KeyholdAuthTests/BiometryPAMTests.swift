@@ -159,3 +159,30 @@ func fingerprintAuthenticate(user: String, confdir: String, env: FprintEnvironme
         #expect(await verify.value == PAM_SUCCESS)
     }
 }
+
+/// The storage variant of the virtual reader identifies any enrolled finger (the plain one
+/// verifies only the first), for tests that need two working fingers.
+@Suite(.serialized, .fprintEnvironment(.virtualDeviceStorage)) struct BiometryStorageReaderPAMTests {
+    static let user = "khfp-storage"
+
+    @Test func everyEnrolledFingerMatchesAndOthersDoNot() throws {
+        let env = try #require(FprintEnvironment.current)
+        try env.enroll(user: Self.user, finger: "right-index-finger", print: "print-st-a")
+        try env.enroll(user: Self.user, finger: "left-thumb", print: "print-st-b")
+        let state = BiometryStore.domainState(user: Self.user, stateDirectory: env.stateDirectory)
+        #expect(fingers(state) == ["left-thumb", "right-index-finger"])
+        let dir = try BiometryPAMTests.ServiceDir()
+        for (print, expected) in [("print-st-a", PAM_SUCCESS), ("print-st-b", PAM_SUCCESS), ("print-st-z", PAM_MAXTRIES)] {
+            let touch = try env.scan(print: print)
+            let (rc, log) = fingerprintAuthenticate(user: Self.user, confdir: dir.path, env: env)
+            #expect(touch.wait())
+            #expect(rc == expected, "\(print): \(log.messages)")
+        }
+        // the storage reader forgets its prints on restart; the harness gives them back
+        try env.restart()
+        let touch = try env.scan(print: "print-st-b")
+        let (rc, log) = fingerprintAuthenticate(user: Self.user, confdir: dir.path, env: env)
+        #expect(touch.wait())
+        #expect(rc == PAM_SUCCESS, "after restart: \(rc) \(log.messages)")
+    }
+}

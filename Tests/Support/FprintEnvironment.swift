@@ -89,6 +89,10 @@ public final class FprintEnvironment: @unchecked Sendable {
     private var touches: [FprintTouch] = []
     private var stopped = false
     private var logCounter = 0
+    /// user → finger → print id, as enrolled through this environment.
+    private var enrolledPrints: [String: [String: String]] = [:]
+    /// Prints the storage reader must be given again after a restart (see `restart()`).
+    private var pendingInserts: [String] = []
 
     private init(driver: Driver, directory: String, busAddress: String) {
         self.driver = driver
@@ -189,8 +193,14 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// Restarts fprintd on the same bus and state directory. libfprint models the virtual
     /// reader's heat per process; after ~180 s of cumulative waiting it reports "overheated"
     /// and fails every verify, so suites restart it per test group.
+    /// The storage reader keeps its on-device prints in memory only, so after a restart it
+    /// no longer matches anything (seen: 11); the next touch therefore first re-inserts
+    /// (`INSERT id`) every print enrolled through this environment.
     public func restart() throws {
         try stopFprintd()
+        if driver == .virtualDeviceStorage {
+            lock.withLock { pendingInserts = enrolledPrints.values.flatMap { $0.values }.sorted() }
+        }
         try startFprintd()
         try fpctlRun(["wait-name", "net.reactivated.Fprint", "10"], what: "waiting for fprintd", timeout: 20)
     }
@@ -267,16 +277,19 @@ public final class FprintEnvironment: @unchecked Sendable {
         guard enrolled, enroller.exitCode == 0, output.contains("enroll-completed") else {
             throw FprintEnvironmentError.commandFailed("fprintd-enroll", status: enroller.exitCode ?? -1, output: output)
         }
+        lock.withLock { enrolledPrints[user, default: [:]][finger] = print }
     }
 
     /// Deletes one enrolled finger (Claim, DeleteEnrolledFinger, Release on one connection).
     public func deleteFinger(user: String, finger: String) throws {
         try fpctlRun(["delete", user, finger], what: "delete \(finger)")
+        lock.withLock { _ = enrolledPrints[user]?.removeValue(forKey: finger) }
     }
 
     /// Deletes every enrolled finger of `user` (fprintd removes the user's directory).
     public func deleteAll(user: String) throws {
         try fpctlRun(["delete-all", user], what: "delete all")
+        lock.withLock { _ = enrolledPrints.removeValue(forKey: user) }
     }
 
     /// fprintd's own answer (ListEnrolledFingers), to cross-check what the files say.
@@ -313,7 +326,11 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// Any queued virtual-device commands (`SCAN id`, `ERROR n`, `RETRY n`, ...), sent in
     /// order once a finger is asked for.
     public func touch(_ commands: [String], timeout: Double = 15) throws -> FprintTouch {
-        let p = try fpctlLaunch(["touch", deviceSocket, String(timeout)] + commands, name: "touch")
+        let inserts = lock.withLock { () -> [String] in
+            defer { pendingInserts = [] }
+            return pendingInserts.map { "INSERT \($0)" }
+        }
+        let p = try fpctlLaunch(["touch", deviceSocket, String(timeout)] + inserts + commands, name: "touch")
         let t = FprintTouch(process: p)
         lock.withLock {
             touches.removeAll { !$0.isRunning }
