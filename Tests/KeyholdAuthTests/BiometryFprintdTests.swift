@@ -45,6 +45,23 @@ import Testing
         #expect((try? FileManager.default.contentsOfDirectory(atPath: "/var/lib/fprint")) == realStore)
     }
 
+    @Test func abandonedEnvironmentIsReapedAndLiveOnesAreNot() throws {
+        let live = try FprintEnvironment.start()
+        defer { live.stop() }
+        let abandoned = try FprintEnvironment.start()
+        defer { abandoned.stop() }
+        // make `abandoned` look like the environment of a test process that crashed
+        let gone = try SpawnedProcess.spawn("/bin/true", [], environment: [:], log: "/dev/null")
+        #expect(gone.waitForExit(timeout: 10))
+        try "\(gone.pid)\n".write(toFile: abandoned.directory + "/owner", atomically: false, encoding: .utf8)
+        let abandonedPIDs = abandoned.processIDs
+        FprintEnvironment.reapAbandoned()
+        for pid in abandonedPIDs { #expect(!FprintEnvironment.isAlive(pid), "abandoned pid \(pid)") }
+        #expect(!FileManager.default.fileExists(atPath: abandoned.directory))
+        for pid in live.processIDs { #expect(FprintEnvironment.isAlive(pid), "live pid \(pid)") }
+        #expect(try live.deviceName() == "Virtual device for debugging")
+    }
+
     @Test func scopedHelperStopsOnThrow() throws {
         struct Boom: Error {}
         var seen: (pids: [Int32], dir: String)?

@@ -113,6 +113,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         for p in [fprintd, fprintdEnroll, dbusDaemon, systemPython, fpctl] where access(p, X_OK) != 0 {
             throw FprintEnvironmentError.missingProgram(p)
         }
+        reapAbandoned()
         var template = Array("/tmp/khfp-XXXXXX".utf8CString)
         guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
             throw FprintEnvironmentError.startFailed("temp dir", log: "mkdtemp errno \(errno)")
@@ -124,6 +125,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         mkdir(dir + "/state", 0o755)
         mkdir(dir + "/run", 0o755)
         mkdir(dir + "/logs", 0o755)
+        try "\(getpid())\n".write(toFile: dir + "/owner", atomically: false, encoding: .utf8)
 
         let config = """
         <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
@@ -172,11 +174,14 @@ public final class FprintEnvironment: @unchecked Sendable {
             throw FprintEnvironmentError.startFailed("dbus-daemon", log: log)
         }
 
+        recordDaemon(bus, in: dir)
         let env = FprintEnvironment(driver: driver, directory: dir, busAddress: address)
         env.dbus = bus
         do {
-            env.polkit = try launch(systemPython, ["-m", "dbusmock", "--system", "--template", "polkitd"],
+            let polkit = try launch(systemPython, ["-m", "dbusmock", "--system", "--template", "polkitd"],
                                     environment: env.childEnvironment(), log: dir + "/polkitd.log")
+            recordDaemon(polkit, in: dir)
+            env.polkit = polkit
             try env.startFprintd()
             try env.fpctlRun(["ready", "10"], what: "waiting for polkit mock and fprintd", timeout: 20)
         } catch {
@@ -233,6 +238,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         if procs.isEmpty && ts.isEmpty { return }
         for t in ts { t.cancel() }
         for p in procs { p.stop() }
+        unlink(directory + "/owner")  // stopped properly: nothing here for reapAbandoned()
         if ProcessInfo.processInfo.environment["KEYHOLD_KEEP_FPRINT_DIR"] == nil {
             Self.removeTree(directory)
         }
@@ -253,6 +259,7 @@ public final class FprintEnvironment: @unchecked Sendable {
         env["G_MESSAGES_DEBUG"] = "all"
         // -t: do not exit when idle (it expects bus activation, which this bus does not do).
         let p = try Self.launch(Self.fprintd, ["-t"], environment: env, log: fprintdLogPath)
+        Self.recordDaemon(p, in: directory)
         lock.withLock { fprintdProcess = p }
     }
 
@@ -409,6 +416,55 @@ public final class FprintEnvironment: @unchecked Sendable {
         } catch {
             throw FprintEnvironmentError.startFailed(path, log: "\(error)")
         }
+    }
+
+    // MARK: crash safety net
+
+    /// A test process that crashes never runs stop(), and its daemons would outlive it. So
+    /// each start() first reaps environments whose owner process is gone: it SIGKILLs only
+    /// pids recorded in that environment's `daemons` file whose command line or environment
+    /// still names that directory (a recycled pid does not), then removes the directory.
+    /// Environments of live test processes (another suite, another run) are left alone.
+    public static func reapAbandoned() {
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }
+        for name in names where name.hasPrefix("khfp-") && name.utf8.count == 11 {
+            let dir = "/tmp/" + name
+            guard let owner = try? String(contentsOfFile: dir + "/owner", encoding: .utf8),
+                  let ownerPID = Int32(owner.trimmingCharacters(in: .whitespacesAndNewlines)),
+                  !isAlive(ownerPID) else { continue }
+            let recorded = (try? String(contentsOfFile: dir + "/daemons", encoding: .utf8)) ?? ""
+            var killed: [Int32] = []
+            for line in recorded.split(separator: "\n") {
+                if let pid = Int32(line), isAlive(pid), process(pid, mentions: dir), kill(pid, SIGKILL) == 0 {
+                    killed.append(pid)
+                }
+            }
+            let deadline = Date().addingTimeInterval(5)
+            while killed.contains(where: isAlive), Date() < deadline { usleep(5_000) }
+            removeTree(dir)
+        }
+    }
+
+    static func recordDaemon(_ p: SpawnedProcess, in dir: String) {
+        let fd = open(dir + "/daemons", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let line = Array("\(p.pid)\n".utf8)
+        _ = line.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
+    }
+
+    static func process(_ pid: Int32, mentions dir: String) -> Bool {
+        let needle = Array(dir.utf8)
+        for file in ["cmdline", "environ"] {
+            guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/\(file)") else { continue }
+            let hay = [UInt8](data)
+            if hay.count >= needle.count {
+                for i in 0...(hay.count - needle.count) where hay[i] == needle[0] && Array(hay[i..<(i + needle.count)]) == needle {
+                    return true
+                }
+            }
+        }
+        return false
     }
 
     static func removeTree(_ path: String) {
