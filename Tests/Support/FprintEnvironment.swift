@@ -110,9 +110,10 @@ public final class FprintEnvironment: @unchecked Sendable {
     // MARK: start / restart / stop
 
     public static func start(driver: Driver = .virtualDevice) throws -> FprintEnvironment {
-        for p in [fprintd, fprintdEnroll, dbusDaemon, systemPython, fpctl] where access(p, X_OK) != 0 {
+        for p in [fprintd, fprintdEnroll, dbusDaemon, systemPython] where access(p, X_OK) != 0 {
             throw FprintEnvironmentError.missingProgram(p)
         }
+        guard access(fpctl, R_OK) == 0 else { throw FprintEnvironmentError.missingProgram(fpctl) }
         reapAbandoned()
         var template = Array("/tmp/khfp-XXXXXX".utf8CString)
         guard let made = template.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else {
@@ -125,27 +126,13 @@ public final class FprintEnvironment: @unchecked Sendable {
         mkdir(dir + "/state", 0o755)
         mkdir(dir + "/run", 0o755)
         mkdir(dir + "/logs", 0o755)
-        try "\(getpid())\n".write(toFile: dir + "/owner", atomically: false, encoding: .utf8)
-
-        let config = """
-        <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-         "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-        <busconfig>
-          <type>system</type>
-          <keep_umask/>
-          <listen>unix:path=\(dir)/bus.sock</listen>
-          <auth>EXTERNAL</auth>
-          <policy context="default">
-            <allow user="*"/>
-            <allow own="*"/>
-            <allow send_destination="*" eavesdrop="true"/>
-            <allow eavesdrop="true"/>
-          </policy>
-        </busconfig>
-
-        """
-        // No <servicedir>: nothing is bus-activated, only what we start runs.
-        try config.write(toFile: dir + "/system-bus.conf", atomically: false, encoding: .utf8)
+        do {
+            try "\(getpid())\n".write(toFile: dir + "/owner", atomically: false, encoding: .utf8)
+            try busConfig(dir).write(toFile: dir + "/system-bus.conf", atomically: false, encoding: .utf8)
+        } catch {
+            removeTree(dir)
+            throw error
+        }
 
         // --nofork keeps the bus our own child, so stop() can reap it.
         let busLog = dir + "/dbus.log"
@@ -193,6 +180,28 @@ public final class FprintEnvironment: @unchecked Sendable {
             throw error
         }
         return env
+    }
+
+    /// A private bus of type "system" that lets everyone do everything (it only ever carries
+    /// test traffic). No <servicedir>: nothing is bus-activated, only what we start runs.
+    static func busConfig(_ dir: String) -> String {
+        """
+        <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+         "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+        <busconfig>
+          <type>system</type>
+          <keep_umask/>
+          <listen>unix:path=\(dir)/bus.sock</listen>
+          <auth>EXTERNAL</auth>
+          <policy context="default">
+            <allow user="*"/>
+            <allow own="*"/>
+            <allow send_destination="*" eavesdrop="true"/>
+            <allow eavesdrop="true"/>
+          </policy>
+        </busconfig>
+
+        """
     }
 
     /// Restarts fprintd on the same bus and state directory. libfprint models the virtual
