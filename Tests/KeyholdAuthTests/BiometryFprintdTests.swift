@@ -92,16 +92,16 @@ import Testing
         try env.enroll(user: user, finger: "right-index-finger", print: "print-khfp-a")
         #expect(FileManager.default.fileExists(atPath: "\(store)/\(user)/virtual_device/0/7"))
         let s1 = BiometryStore.domainState(user: user, stateDirectory: store)
-        #expect(fingers(s1) == ["right-index-finger"])
+        #expect(enrolledFingerNames(s1) == ["right-index-finger"])
         #expect(try env.enrolledFingers(user: user) == ["right-index-finger"])
-        let d1 = try #require(digest(s1))
+        let d1 = try #require(biometryDigest(s1))
         // reading twice gives the same answer
         #expect(BiometryStore.domainState(user: user, stateDirectory: store) == s1)
 
         try env.enroll(user: user, finger: "left-thumb", print: "print-khfp-b")
         let s2 = BiometryStore.domainState(user: user, stateDirectory: store)
-        #expect(fingers(s2) == ["left-thumb", "right-index-finger"])
-        let d2 = try #require(digest(s2))
+        #expect(enrolledFingerNames(s2) == ["left-thumb", "right-index-finger"])
+        let d2 = try #require(biometryDigest(s2))
         #expect(d2 != d1)
 
         try env.deleteFinger(user: user, finger: "left-thumb")
@@ -116,9 +116,9 @@ import Testing
         // unchanged, the digest is not (this is why the digest reads the files)
         try env.enroll(user: user, finger: "right-index-finger", print: "print-khfp-c")
         let s4 = BiometryStore.domainState(user: user, stateDirectory: store)
-        #expect(fingers(s4) == ["right-index-finger"])
+        #expect(enrolledFingerNames(s4) == ["right-index-finger"])
         #expect(try env.enrolledFingers(user: user) == ["right-index-finger"])
-        let d4 = try #require(digest(s4))
+        let d4 = try #require(biometryDigest(s4))
         #expect(d4 != d1 && d4 != d2)
         try env.deleteAll(user: user)
     }
@@ -143,7 +143,7 @@ import Testing
         let env = try #require(FprintEnvironment.current)
         try env.enroll(user: user, finger: "right-index-finger", print: "print-khfp-a")
         defer { try? env.deleteAll(user: user) }
-        #expect(fingers(BiometryStore.domainState(user: user, stateDirectory: env.stateDirectory)) == ["right-index-finger"])
+        #expect(enrolledFingerNames(BiometryStore.domainState(user: user, stateDirectory: env.stateDirectory)) == ["right-index-finger"])
         // fprintd made the user's directory 0700 root: a non-root broker must fail closed
         let asNobody = asNobodyForFileAccess { BiometryStore.domainState(user: user, stateDirectory: env.stateDirectory) }
         #expect(asNobody == .unreadable)

@@ -170,7 +170,7 @@ func fingerprintAuthenticate(user: String, confdir: String, env: FprintEnvironme
         try env.enroll(user: Self.user, finger: "right-index-finger", print: "print-st-a")
         try env.enroll(user: Self.user, finger: "left-thumb", print: "print-st-b")
         let state = BiometryStore.domainState(user: Self.user, stateDirectory: env.stateDirectory)
-        #expect(fingers(state) == ["left-thumb", "right-index-finger"])
+        #expect(enrolledFingerNames(state) == ["left-thumb", "right-index-finger"])
         let dir = try BiometryPAMTests.ServiceDir()
         for (print, expected) in [("print-st-a", PAM_SUCCESS), ("print-st-b", PAM_SUCCESS), ("print-st-z", PAM_MAXTRIES)] {
             let touch = try env.scan(print: print)

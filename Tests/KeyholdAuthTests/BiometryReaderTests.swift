@@ -7,7 +7,7 @@ import Testing
 
 /// A one-connection fake bus on a unix socket: after the client's first bytes it writes
 /// `reply` and then holds the connection open until the client closes it.
-final class FakeBus: @unchecked Sendable {
+final class FakeDBusServer: @unchecked Sendable {
     let dir: String
     var path: String { dir + "/bus" }
     private let listener: Int32
@@ -48,7 +48,7 @@ final class FakeBus: @unchecked Sendable {
 }
 
 /// A little-endian D-Bus message header as a hostile bus might send it.
-func rawMessage(type: UInt8, bodyLength: UInt32, fieldsLength: UInt32, fields: [UInt8] = [], body: [UInt8] = []) -> [UInt8] {
+func rawDBusMessage(type: UInt8, bodyLength: UInt32, fieldsLength: UInt32, fields: [UInt8] = [], body: [UInt8] = []) -> [UInt8] {
     func le(_ v: UInt32) -> [UInt8] { [UInt8(v & 0xff), UInt8(v >> 8 & 0xff), UInt8(v >> 16 & 0xff), UInt8(v >> 24)] }
     var m: [UInt8] = [UInt8(ascii: "l"), type, 0, 1] + le(bodyLength) + le(7) + le(fieldsLength) + fields
     while m.count % 8 != 0 { m.append(0) }
@@ -73,24 +73,24 @@ func rawMessage(type: UInt8, bodyLength: UInt32, fieldsLength: UInt32, fields: [
         cases.append(("no CRLF, endless line", [UInt8](repeating: UInt8(ascii: "O"), count: 2000)))
         let bigEndian: [UInt8] = [UInt8(ascii: "B"), 2, 0, 1] + [UInt8](repeating: 0, count: 12)
         cases.append(("big-endian reply", ok + bigEndian))
-        cases.append(("oversized body", ok + rawMessage(type: 2, bodyLength: 0x7fff_fff0, fieldsLength: 0)))
-        cases.append(("oversized fields", ok + rawMessage(type: 2, bodyLength: 0, fieldsLength: 0xffff_fff0)))
-        let truncated = Array(rawMessage(type: 2, bodyLength: 64, fieldsLength: 0).prefix(20))
+        cases.append(("oversized body", ok + rawDBusMessage(type: 2, bodyLength: 0x7fff_fff0, fieldsLength: 0)))
+        cases.append(("oversized fields", ok + rawDBusMessage(type: 2, bodyLength: 0, fieldsLength: 0xffff_fff0)))
+        let truncated = Array(rawDBusMessage(type: 2, bodyLength: 64, fieldsLength: 0).prefix(20))
         cases.append(("truncated message", ok + truncated))
         // an error-name field (4) whose string claims to run past the fields array
         let pastEnd: [UInt8] = [4, 1, UInt8(ascii: "s"), 0, 0xff, 0xff, 0, 0, 0x41, 0x41, 0x41, 0x41]
-        cases.append(("string past end", ok + rawMessage(type: 2, bodyLength: 0, fieldsLength: 12, fields: pastEnd)))
+        cases.append(("string past end", ok + rawDBusMessage(type: 2, bodyLength: 0, fieldsLength: 12, fields: pastEnd)))
         let oddType: [UInt8] = [5, 1, UInt8(ascii: "x"), 0, 1, 0, 0, 0]
-        cases.append(("odd field type", ok + rawMessage(type: 2, bodyLength: 0, fieldsLength: 8, fields: oddType)))
+        cases.append(("odd field type", ok + rawDBusMessage(type: 2, bodyLength: 0, fieldsLength: 8, fields: oddType)))
         let otherSerial: [UInt8] = [5, 1, UInt8(ascii: "u"), 0, 99, 0, 0, 0]
         cases.append(("a reply to someone else, then silence",
-                      ok + rawMessage(type: 2, bodyLength: 0, fieldsLength: 8, fields: otherSerial)))
+                      ok + rawDBusMessage(type: 2, bodyLength: 0, fieldsLength: 8, fields: otherSerial)))
         return cases
     }()
 
     @Test(arguments: hostileReplies)
     func hostileBusGivesNil(_ name: String, _ reply: [UInt8]) throws {
-        let bus = try FakeBus(reply: reply)
+        let bus = try FakeDBusServer(reply: reply)
         defer { bus.finish() }
         #expect(BiometryReader.readerDescription(busAddress: "unix:path=\(bus.path)", timeoutMilliseconds: 300) == nil, "\(name)")
     }

@@ -6,7 +6,7 @@ import KeyholdAuth
 import Testing
 
 /// A temp directory removed when the test ends.
-final class TempTree {
+final class BiometryTempTree {
     let path: String
     init() throws {
         var t = Array("/tmp/khbs-XXXXXX".utf8CString)
@@ -45,26 +45,26 @@ func asNobodyForFileAccess<R>(_ body: () -> R) -> R {
     return body()
 }
 
-func digest(_ state: BiometryDomainState) -> BiometryDigest? {
+func biometryDigest(_ state: BiometryDomainState) -> BiometryDigest? {
     if case .enrolled(_, let d) = state { return d }
     return nil
 }
 
-func fingers(_ state: BiometryDomainState) -> [String]? {
+func enrolledFingerNames(_ state: BiometryDomainState) -> [String]? {
     if case .enrolled(let f, _) = state { return f }
     return nil
 }
 
 @Suite struct BiometryStoreTests {
     @Test func missingStateDirectoryIsUnreadable() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         #expect(BiometryStore.domainState(user: "alice", stateDirectory: t.path + "/nope") == .unreadable)
         try t.write("file", "x")
         #expect(BiometryStore.domainState(user: "alice", stateDirectory: t.path + "/file") == .unreadable)
     }
 
     @Test func noUserDirectoryOrNoPrintFilesIsNoneEnrolled() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         #expect(BiometryStore.domainState(user: "alice", stateDirectory: t.path) == .noneEnrolled)
         try t.mkdir("alice/virtual_device/0")
         #expect(BiometryStore.domainState(user: "alice", stateDirectory: t.path) == .noneEnrolled)
@@ -74,11 +74,11 @@ func fingers(_ state: BiometryDomainState) -> [String]? {
     }
 
     @Test func fingerNamesFollowLibfprintNumbering() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         for (i, c) in "a987654321".enumerated() { try t.write("u/virtual_device/0/\(c)", "print-\(i)") }
         try t.write("u/other_driver/3/7", "same finger on another device")
         let state = BiometryStore.domainState(user: "u", stateDirectory: t.path)
-        #expect(fingers(state) == [
+        #expect(enrolledFingerNames(state) == [
             "left-thumb", "left-index-finger", "left-middle-finger", "left-ring-finger", "left-little-finger",
             "right-thumb", "right-index-finger", "right-middle-finger", "right-ring-finger", "right-little-finger",
         ])
@@ -90,9 +90,9 @@ func fingers(_ state: BiometryDomainState) -> [String]? {
 
     @Test func digestCoversPathsLengthsAndContents() throws {
         func state(_ files: [(String, String)]) throws -> BiometryDigest? {
-            let t = try TempTree()
+            let t = try BiometryTempTree()
             for (p, c) in files { try t.write("u/" + p, c) }
-            return digest(BiometryStore.domainState(user: "u", stateDirectory: t.path))
+            return biometryDigest(BiometryStore.domainState(user: "u", stateDirectory: t.path))
         }
         let base = try #require(try state([("virtual_device/0/7", "print-A"), ("virtual_device/0/1", "print-B")]))
         #expect(base.bytes.count == 32)
@@ -114,13 +114,13 @@ func fingers(_ state: BiometryDomainState) -> [String]? {
     }
 
     @Test func hostileUserNamesCannotLeaveTheStore() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         try t.write("state/alice/virtual_device/0/7", "alice")
         try t.write("outside/virtual_device/0/7", "not a user of this store")
         try t.write("state/virtual_device/0/7", "planted at the store's top")
         symlink(t.path + "/outside", t.path + "/state/mallory")
         let store = t.path + "/state"
-        #expect(fingers(BiometryStore.domainState(user: "alice", stateDirectory: store)) == ["right-index-finger"])
+        #expect(enrolledFingerNames(BiometryStore.domainState(user: "alice", stateDirectory: store)) == ["right-index-finger"])
         for name in ["", ".", "..", "../outside", "alice/virtual_device", "alice/", "/", "/tmp", "\(t.path)/outside",
                      "alice\u{0}", "\u{0}", String(repeating: "a", count: 256), "mallory"] {
             #expect(BiometryStore.domainState(user: name, stateDirectory: store) == .unreadable, "user \(name.debugDescription)")
@@ -134,9 +134,9 @@ func fingers(_ state: BiometryDomainState) -> [String]? {
     }
 
     @Test func entriesFprintdNeverWritesFailClosed() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         try t.write("u/virtual_device/0/7", "print")
-        #expect(fingers(BiometryStore.domainState(user: "u", stateDirectory: t.path)) == ["right-index-finger"])
+        #expect(enrolledFingerNames(BiometryStore.domainState(user: "u", stateDirectory: t.path)) == ["right-index-finger"])
         // a symlink to a file elsewhere
         try t.write("elsewhere", "x")
         symlink(t.path + "/elsewhere", t.path + "/u/virtual_device/0/1")
@@ -154,16 +154,16 @@ func fingers(_ state: BiometryDomainState) -> [String]? {
         try t.write("u/" + Array(repeating: "d", count: 12).joined(separator: "/") + "/7", "deep")
         #expect(BiometryStore.domainState(user: "u", stateDirectory: t.path) == .unreadable)
         try t.remove("u/d")
-        #expect(fingers(BiometryStore.domainState(user: "u", stateDirectory: t.path)) == ["right-index-finger"])
+        #expect(enrolledFingerNames(BiometryStore.domainState(user: "u", stateDirectory: t.path)) == ["right-index-finger"])
     }
 
     @Test func permissionDeniedIsUnreadable() throws {
-        let t = try TempTree()
+        let t = try BiometryTempTree()
         try t.write("u/virtual_device/0/7", "print")
         chmod(t.path, 0o755)
         chmod(t.path + "/u", 0o700)
         let readable = BiometryStore.domainState(user: "u", stateDirectory: t.path)
-        #expect(fingers(readable) == ["right-index-finger"])
+        #expect(enrolledFingerNames(readable) == ["right-index-finger"])
         chmod(t.path + "/u/virtual_device/0/7", 0o000)
         chmod(t.path + "/u", 0o000)
         defer { chmod(t.path + "/u", 0o700); chmod(t.path + "/u/virtual_device/0/7", 0o600) }
