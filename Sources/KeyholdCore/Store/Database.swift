@@ -104,8 +104,10 @@ public final class Database {
     }
 
     /// BEGIN IMMEDIATE … COMMIT; ROLLBACK when `body` throws or the commit fails. Failures of
-    /// BEGIN/COMMIT go through `mapError`, so the caller decides what they mean.
-    public func transaction<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
+    /// BEGIN and COMMIT go through `mapError` / `commitError`, so the caller decides what they
+    /// mean (a failed COMMIT of an audited change is a failed audit write).
+    public func transaction<R, E: Error>(mapError: (DatabaseError) -> E, commitError: ((DatabaseError) -> E)? = nil,
+                                         _ body: () throws(E) -> R) throws(E) -> R {
         do { try execute("BEGIN IMMEDIATE") } catch { throw mapError(error) }
         let result: R
         do {
@@ -119,6 +121,7 @@ public final class Database {
         } catch {
             // A failed COMMIT may leave the transaction open (SQLITE_BUSY) or already rolled back.
             if let h = handle, sqlite3_get_autocommit(h) == 0 { try? execute("ROLLBACK") }
+            if let commitError { throw commitError(error) }
             throw mapError(error)
         }
         return result
