@@ -225,10 +225,14 @@ extension VaultStore {
     private func classify(_ row: AuditRow, previous: [UInt8], head: Head?) throws(DatabaseError) -> AuditProblem {
         let next = try auditRow(seq: row.seq + 1)
         // The next row belongs at this seq: this row was slipped in and the rest pushed down.
+        let genuine = KeyedHash.equal(entryTag(row.fields), row.tag)
         if let next, KeyedHash.equal(chainMAC(previous: previous, seq: row.seq, next.fields), next.mac) {
+            // …unless this row is genuine and belongs right after it: two neighbours swapped.
+            if genuine, KeyedHash.equal(chainMAC(previous: next.mac, seq: next.seq, row.fields), row.mac) {
+                return .reordered
+            }
             return .inserted
         }
-        let genuine = KeyedHash.equal(entryTag(row.fields), row.tag)
         if !genuine {
             // Beyond what the head vouches for: appended by someone without the key.
             if let head, row.seq > head.seq { return .inserted }
