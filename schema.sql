@@ -1,3 +1,83 @@
--- placeholder; replaced by the store
+-- Keyhold vault database: the single definition of its tables.
+--
+-- The store applies every block whose number is above the database's PRAGMA user_version,
+-- each in its own transaction together with `PRAGMA user_version = N`. Blocks are never
+-- edited once released: a change is a new `-- migrate:N` block.
+--
+-- Nothing here holds a name or a secret in plaintext: service, account and label are in
+-- sealed boxes, lookups go through a keyed blind index, audit names are sealed too.
+
 -- migrate:1
-CREATE TABLE IF NOT EXISTS vault_meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+
+-- Marks a Keyhold database. `format` = 'keyhold-vault'; `key_check` = keyed BLAKE2b under a
+-- subkey of the vault key, so a database opened with another key file is refused clearly.
+CREATE TABLE vault_meta (
+    name  TEXT PRIMARY KEY NOT NULL,
+    value BLOB NOT NULL
+) WITHOUT ROWID;
+INSERT INTO vault_meta (name, value) VALUES ('format', 'keyhold-vault');
+
+CREATE TABLE items (
+    id                  BLOB PRIMARY KEY NOT NULL CHECK (length(id) = 16),  -- random, stable
+    owner_uid           INTEGER NOT NULL,
+    lookup              BLOB NOT NULL UNIQUE,   -- blind index of (owner, service, account)
+    kind                INTEGER NOT NULL,
+    policy              TEXT NOT NULL,          -- canonical policy expression
+    allowed_executables BLOB NOT NULL,          -- canonical encoding of the path list
+    reuse_seconds       INTEGER NOT NULL,
+    biometry_state      BLOB,                   -- enrolled-set digest (biometry-current-set)
+    pwhash_params       BLOB,                   -- Argon2id parameters (+app-password)
+    attributes          BLOB NOT NULL,          -- sealed (service, account, label), attribute key
+    wrapped_key         BLOB NOT NULL,          -- item key sealed under the wrapping key
+    secret              BLOB NOT NULL,          -- secret sealed under the item key
+    created_us          INTEGER NOT NULL,
+    updated_us          INTEGER NOT NULL
+);
+-- Every column above the boxes is bound into each box's associated data.
+CREATE INDEX items_owner ON items (owner_uid);
+
+-- Consecutive authentication failures per caller uid; survives restarts.
+CREATE TABLE lockout (
+    uid             INTEGER PRIMARY KEY NOT NULL,
+    failures        INTEGER NOT NULL,
+    level           INTEGER NOT NULL,
+    locked_until_us INTEGER NOT NULL
+);
+
+-- Append-only audit log. mac = BLAKE2b_auditKey(previous mac || canonical row incl. seq);
+-- entry_tag = BLAKE2b_auditKey(canonical row without seq), so verification can tell a moved
+-- row (reordered) from an edited or forged one.
+CREATE TABLE audit (
+    seq        INTEGER PRIMARY KEY NOT NULL,
+    time_us    INTEGER NOT NULL,
+    caller_uid INTEGER NOT NULL,
+    caller_pid INTEGER NOT NULL,
+    executable TEXT NOT NULL,
+    operation  TEXT NOT NULL,
+    item_id    BLOB,
+    details    BLOB,            -- sealed (service, account, reason), attribute key
+    decision   TEXT NOT NULL,
+    method     TEXT NOT NULL,
+    outcome    TEXT NOT NULL,
+    entry_tag  BLOB NOT NULL,
+    mac        BLOB NOT NULL
+);
+CREATE INDEX audit_time ON audit (time_us);
+
+-- The newest entry (seq, mac) and head_tag = BLAKE2b_auditKey("head" || seq || mac): deleting
+-- the newest rows is detected even when the rows that remain chain correctly.
+CREATE TABLE audit_head (
+    id       INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    seq      INTEGER NOT NULL,
+    mac      BLOB NOT NULL,
+    head_tag BLOB NOT NULL
+);
+
+-- Where the chain starts when older entries were exported and pruned (seq of the last pruned
+-- entry and its mac), tagged like the head. Absent until the first prune.
+CREATE TABLE audit_checkpoint (
+    id              INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    seq             INTEGER NOT NULL,
+    mac             BLOB NOT NULL,
+    checkpoint_tag  BLOB NOT NULL
+);
