@@ -11,13 +11,13 @@ struct AuditEvent {
     var itemID: ItemID? = nil
     var item: ItemReference? = nil
     let decision: Decision
-    var method: String = "none"
+    var method: AuthMethod = .none
     var reason: String? = nil
     let outcome: Outcome
 
     func record() -> AuditRecord {
-        AuditRecord(time: Clock.microseconds(), uid: caller.uid, pid: caller.pid, executable: caller.executable,
+        AuditRecord(time: Clock.microseconds(), callerUID: caller.uid, callerPID: caller.pid, executable: caller.executable,
                     operation: operation, itemID: itemID, service: item?.service, account: item?.account,
-                    decision: decision, method: method, reason: reason, outcome: outcome.name)
+                    decision: decision, method: method, reason: reason, outcome: outcome)
     }
 }

@@ -12,11 +12,14 @@ public enum BrokerMain {
         let options: BrokerOptions
         do throws(BrokerOptions.ParseError) {
             options = try BrokerOptions(parsing: arguments)
-        } catch .help {
-            print(BrokerOptions.usage)
-            exit(0)
-        } catch .bad(let why) {
-            fail("\(why)\n\(BrokerOptions.usage)", code: 2)
+        } catch {
+            switch error {
+            case .help:
+                print(BrokerOptions.usage)
+                exit(0)
+            case .bad(let why):
+                fail("\(why)\n\(BrokerOptions.usage)", code: 2)
+            }
         }
         harden()
 
@@ -26,7 +29,10 @@ public enum BrokerMain {
         } catch {
             fail("cannot open the vault in \(options.stateDirectory): \(error)")
         }
-        let helper = ProcessFacts.executable(pid: getpid()) ?? CommandLine.arguments[0]
+        // The PAM helper is this same binary, by absolute path (re-executed as --pam-helper).
+        guard let helper = CallerFacts.read(pid: getpid())?.executable, helper.hasPrefix("/") else {
+            fail("cannot resolve /proc/self/exe")
+        }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory))
 
@@ -94,7 +100,7 @@ public enum BrokerMain {
 
 extension Broker {
     func closeAndExit() -> Never {
-        withStore { store -> Bool in
+        _ = withStore { store -> Bool in
             store.close()
             exit(0)
         }

@@ -4,24 +4,6 @@ import KeyholdAuth
 import KeyholdCore
 import KeyholdProtocol
 
-/// How a request satisfied an item's policy; recorded in the audit entry.
-struct GrantedMethod: Sendable, Equatable {
-    var fingerprint = false
-    var password = false
-    var reuse = false
-    var appPassword = false
-
-    /// Stable audit text: none, password, fingerprint, reuse, app-password, or a `+` join.
-    var name: String {
-        var parts: [String] = []
-        if reuse { parts.append("reuse") }
-        if fingerprint { parts.append("fingerprint") }
-        if password { parts.append("password") }
-        if appPassword { parts.append("app-password") }
-        return parts.isEmpty ? "none" : parts.joined(separator: "+")
-    }
-}
-
 /// A denial: the outcome the caller sees, and a short non-secret detail.
 struct Denial: Error {
     let outcome: Outcome
@@ -81,7 +63,7 @@ final class ReleaseGate: Sendable {
     func isInvalidated(_ item: StoredItem, state: BiometryDomainState) -> Bool {
         guard item.access.policy.bindsBiometrySet, let bound = item.biometryState else { return false }
         guard case .enrolled(_, let digest) = state else { return true }
-        return !digest.matches(bound)
+        return !(BiometryDigest(bytes: bound).map(digest.constantTimeEquals) ?? false)
     }
 
     /// The constraint set still satisfiable once an invalidated biometric binding is removed;
@@ -142,7 +124,7 @@ final class ReleaseGate: Sendable {
     func authorize(_ item: StoredItem, caller: Caller, allowInteraction: Bool, lockout: LockoutRecord,
                    recordFailure: () -> Void, recordSuccess: () -> Void,
                    interruptFD: Int32, announce: () -> Bool,
-                   conversation: (PAMMessage) -> PAMAnswer) -> Result<GrantedMethod, Denial> {
+                   conversation: (PAMMessage) -> PAMAnswer) -> Result<AuthMethod, Denial> {
         let policy = item.access.policy
         if !item.access.allowedExecutables.isEmpty && !item.access.allowedExecutables.contains(caller.executable) {
             return .failure(Denial(.notAuthorized, "this program may not read the item"))
@@ -151,7 +133,7 @@ final class ReleaseGate: Sendable {
         guard let constraints = effectiveConstraints(item, state: state) else {
             return .failure(Denial(.invalidated))
         }
-        var method = GrantedMethod()
+        var method = AuthMethod.none
         let now = Clock.microseconds()
         if constraints.isEmpty && !policy.requiresAppPassword { return .success(method) }
 
@@ -159,7 +141,7 @@ final class ReleaseGate: Sendable {
             return .failure(Denial(.lockedOut, nil, secondsLeft: left))
         }
         if !constraints.isEmpty && reuseGrant(for: caller, item: item, constraints: constraints, now: now) {
-            method.reuse = true
+            method = method.adding(.reuse)
             if !policy.requiresAppPassword { return .success(method) }
         }
         // Everything from here needs the person: a finger, a password, or both.
@@ -167,23 +149,22 @@ final class ReleaseGate: Sendable {
         guard let user = caller.userName else { return .failure(Denial(.authenticationFailed, "the caller's uid has no account")) }
         guard announce() else { return .failure(Denial(.userCanceled)) }
 
-        if !method.reuse && !constraints.isEmpty {
+        if !method.factors.contains(.reuse) && !constraints.isEmpty {
             let stacks: [Stack]
             switch plan(constraints, combinator: policy.combinator, state: state) {
             case .success(let s): stacks = s
             case .failure(let denial): return .failure(denial)
             }
             for stack in stacks {
-                let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: CallerSession.tty(pid: caller.pid),
-                                         rhost: CallerSession.remoteHost(pid: caller.pid))
+                let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: caller.tty, rhost: caller.remoteHost)
                 let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: interruptFD,
                                                         conversation: conversation)
                 switch result {
                 case .success(let answered):
                     switch stack {
-                    case .biometry: method.fingerprint = true
-                    case .passcode: method.password = true
-                    case .presence: if answered { method.password = true } else { method.fingerprint = true }
+                    case .biometry: method = method.adding(.fingerprint)
+                    case .passcode: method = method.adding(.password)
+                    case .presence: method = method.adding(answered ? .password : .fingerprint)
                     }
                 case .failed:
                     recordFailure()
@@ -208,8 +189,8 @@ final class ReleaseGate: Sendable {
                     grant = ReuseGrant(at: 0, fingerprint: false, password: false)
                 }
                 grant.at = Clock.microseconds()
-                grant.fingerprint = grant.fingerprint || method.fingerprint
-                grant.password = grant.password || method.password
+                grant.fingerprint = grant.fingerprint || method.factors.contains(.fingerprint)
+                grant.password = grant.password || method.factors.contains(.password)
                 $0[key] = grant
             }
         }

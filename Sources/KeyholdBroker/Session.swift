@@ -76,9 +76,9 @@ struct Session {
     }
 
     private func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
-                       decision: AuditEvent.Decision, method: GrantedMethod = GrantedMethod(), outcome: Outcome) -> AuditEvent {
+                       decision: AuditEvent.Decision, method: AuthMethod = .none, outcome: Outcome) -> AuditEvent {
         AuditEvent(caller: caller, operation: op, itemID: item?.id, item: request.item, decision: decision,
-                   method: method.name, reason: request.reason, outcome: outcome)
+                   method: method, reason: request.reason, outcome: outcome)
     }
 
     /// Answers with `denial`, auditing it first.
@@ -104,7 +104,7 @@ struct Session {
     }
 
     /// Runs the item's policy for this caller, relaying the conversation over this socket.
-    private func authorize(_ item: StoredItem, _ request: Request) -> Result<GrantedMethod, Denial> {
+    private func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
         let lockout = broker.withStore { store -> LockoutRecord in
             (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
         }
@@ -168,7 +168,7 @@ struct Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
-        var method: GrantedMethod
+        var method: AuthMethod
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
         case .success(let m): method = m
@@ -179,7 +179,7 @@ struct Session {
         case .success(let p): appPassword = p
         }
         defer { appPassword?.wipe() }
-        if appPassword != nil { method.appPassword = true }
+        if appPassword != nil { method = method.adding(.appPassword) }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
         let opened: Result<SecureBytes, Denial> = broker.withStore { store in
@@ -244,7 +244,7 @@ struct Session {
             return deny(request, op, item: nil, d)
         case .success(let e): existing = e
         }
-        var method = GrantedMethod()
+        var method = AuthMethod.none
         if let existing {
             guard request.update else { return deny(request, .put, item: existing, Denial(.duplicateItem)) }
             // Changing a protected item needs its *old* policy satisfied first.
@@ -271,7 +271,7 @@ struct Session {
                         if d.outcome == .authenticationFailed { broker.recordFailure(uid: caller.uid) }
                         return deny(request, op, item: existing, d)
                     }
-                    method.appPassword = true
+                    method = method.adding(.appPassword)
                 case .success(nil): break
                 }
             }
@@ -405,15 +405,83 @@ struct Session {
         return r
     }
 
+    /// Audit entries the caller may see: their own requests (root: all). With `follow`, keeps
+    /// sending new entries until the caller goes away.
     private func auditQuery(_ request: Request) -> Response {
-        Response(.otherError, detail: "audit queries are not available yet")
+        guard broker.audit(event(request, .auditRead, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
+        let filter = request.item.map { (service: $0.service, account: $0.account) }
+        var afterSeq = request.afterSeq
+        var sent = 0
+        while true {
+            let page: Result<[AuditEntryView], Denial> = broker.withStore { store in
+                do throws(StoreError) {
+                    return .success(try store.auditEntries(visibleTo: visibleTo, since: request.since, item: filter,
+                                                           afterSeq: afterSeq, limit: 5000))
+                } catch {
+                    return .failure(Denial(error.outcome))
+                }
+            }
+            guard case .success(let views) = page else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
+            var infos: [AuditEntryInfo] = []
+            var reachedUntil = false
+            for v in views {
+                if let until = request.until, v.time > until { reachedUntil = true; break }
+                infos.append(AuditEntryInfo(
+                    seq: v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
+                    operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
+                    decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome,
+                    mac: hex(v.mac), previousMAC: ""))
+            }
+            for batch in BrokerMessage.auditBatches(infos) {
+                guard send(batch) else { return Response(.ok) }
+            }
+            sent += infos.count
+            if let last = views.last { afterSeq = last.seq }
+            if reachedUntil { break }
+            if views.count == 5000 { continue }
+            guard request.follow else { break }
+            // Following: wait for new entries, or for the caller to leave (readable = EOF/cancel).
+            var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            if poll(&pfd, 1, 250) != 0 { return Response(.ok) }
+        }
+        var r = Response(.ok)
+        r.count = UInt64(sent)
+        return r
     }
 
     private func auditVerify(_ request: Request) -> Response {
-        Response(.otherError, detail: "audit verification is not available yet")
+        let result: Result<AuditVerification, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                return .success(try store.verifyAudit())
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        var r: Response
+        switch result {
+        case .failure(let d): return deny(request, .auditVerify, item: nil, d)
+        case .success(.intact(let count)):
+            r = Response(.ok)
+            r.count = UInt64(count)
+        case .success(.broken(let seq, let problem)):
+            r = Response(.integrityFailure, detail: problem.rawValue)
+            r.firstBadSeq = UInt64(max(seq, 0))
+        }
+        // Recorded after the check, so the entry itself is not part of what was verified.
+        guard broker.audit(event(request, .auditVerify, decision: .granted, outcome: r.outcome)) else { return Response(.auditUnavailable) }
+        return r
     }
 
     private func auditPrune(_ request: Request) -> Response {
         Response(.otherError, detail: "audit pruning is not available yet")
     }
+}
+
+func hex(_ bytes: [UInt8]) -> String {
+    let digits = Array("0123456789abcdef".utf8)
+    var out: [UInt8] = []
+    out.reserveCapacity(bytes.count * 2)
+    for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 15)]) }
+    return String(decoding: out, as: UTF8.self)
 }

@@ -40,7 +40,10 @@ enum Demo {
             return 1
         }
         let socket = "\(dir)/keyhold.sock"
-        guard let pid = Subprocess.spawn(broker, ["--state-dir", "\(dir)/state", "--socket", socket, "--pam-dir", "\(dir)/pam"]) else {
+        let log = open("\(dir)/broker.log", O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
+        defer { close(log) }
+        guard let pid = Subprocess.spawn(broker, ["--state-dir", "\(dir)/state", "--socket", socket, "--pam-dir", "\(dir)/pam",
+                                                  "--fprint-state-dir", "\(dir)/no-prints"], stderrFD: log) else {
             Output.err("cannot start keyholdd")
             return 1
         }

@@ -18,6 +18,12 @@ enum Terminal {
     static func installInterruptHandler() {
         signal(SIGINT, onInterrupt)
         signal(SIGTERM, onInterrupt)
+        // A parent may have started us with these blocked (Foundation's Process does).
+        var set = sigset_t()
+        sigemptyset(&set)
+        sigaddset(&set, SIGINT)
+        sigaddset(&set, SIGTERM)
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
     }
 
     /// The controlling terminal, or nil when there is none (a service, CI, `setsid`).

@@ -33,7 +33,7 @@ func percentile(_ xs: [Double], _ p: Double) -> Double {
 func ms(_ x: Double) -> String { String(format: "%.3f ms", x * 1000) }
 
 var rows: [(String, String, String)] = []
-func report(_ what: String, _ value: String, _ target: String) {
+@MainActor func report(_ what: String, _ value: String, _ target: String) {
     rows.append((what, value, target))
     print(String(format: "%-58@ %-22@ %@", what as NSString, value as NSString, target as NSString))
 }
@@ -78,7 +78,7 @@ print(String(repeating: "-", count: 100))
 let value = SecureBytes(copying: Array(repeating: UInt8(ascii: "t"), count: 64))
 var stored = 0
 var putTimes: [Double] = []
-func fill(to n: Int) {
+@MainActor func fill(to n: Int) {
     putTimes.removeAll(keepingCapacity: true)
     while stored < n {
         let t0 = now()
@@ -88,7 +88,7 @@ func fill(to n: Int) {
     }
 }
 
-func measureGets(_ samples: Int) -> [Double] {
+@MainActor func measureGets(_ samples: Int) -> [Double] {
     var times: [Double] = []
     for i in 0..<samples {
         let account = "user-\(Int.random(in: 0..<stored))"
@@ -142,7 +142,7 @@ for _ in 0..<3 {
 report("list of \(stored) items (client library), best of 3", ms(listTimes.min()!), "target < 500 ms")
 
 let files = ["vault.db", "vault.db-wal"].map { state + "/" + $0 }
-let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) ?? 0 }
+let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
 report("database size per item (db + wal, incl. audit rows)", "\(bytes / max(stored, 1)) bytes", "")
 report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024) MiB", "target < 64 MiB")
 
