@@ -129,7 +129,7 @@ final class ReleaseGate: Sendable {
         if !item.access.allowedExecutables.isEmpty && !item.access.allowedExecutables.contains(caller.executable) {
             return .failure(Denial(.notAuthorized, "this program may not read the item"))
         }
-        let state = policy.constraints.contains(where: \.isBiometric) ? domainState(user: caller.userName) : .noneEnrolled
+        let state = policy.constraints.contains(where: \.acceptsFingerprint) ? domainState(user: caller.userName) : .noneEnrolled
         guard let constraints = effectiveConstraints(item, state: state) else {
             return .failure(Denial(.invalidated))
         }
@@ -172,7 +172,7 @@ final class ReleaseGate: Sendable {
                 case .unavailable:
                     // No reader, no prints, or a remote session: for a biometric stack this is a
                     // clear failure, never a silent pass.
-                    return .failure(Denial(.authenticationFailed, stack == .passcode ? "authentication is unavailable" : "no fingerprint reader or enrolled finger is available"))
+                    return .failure(Denial(.authenticationFailed, stack == .passcode ? "authentication is unavailable" : "the fingerprint could not be checked (no reader, no scan in time, or a reader error)"))
                 case .canceled:
                     return .failure(Denial(.userCanceled))
                 case .interactionNeeded:

@@ -232,7 +232,10 @@ import KeyholdTestSupport
                 released += 1
             } catch { refused += 1 }
         }
-        let fdsAfter = fds(), rssAfter = rssKiB()
+        // The last connection's thread may still be closing its socket: let it settle.
+        var fdsAfter = fds()
+        for _ in 0..<100 where fdsAfter != fdsBefore { usleep(20_000); fdsAfter = fds() }
+        let rssAfter = rssKiB()
         print("pam loop: released \(released), refused \(refused); broker fds \(fdsBefore) -> \(fdsAfter), RSS \(rssBefore) -> \(rssAfter) KiB")
         #expect(released == 500 && refused == 500)
         #expect(fdsAfter == fdsBefore)

@@ -105,7 +105,9 @@ import KeyholdTestSupport
     func tamperedRowsFailIntegrity(_ tamper: String) throws {
         let b = try BrokerFixture()
         for name in ["victim", "other", "third"] {
-            #expect(b.cli(["put", name, "acct", "--policy", name == "victim" ? "device-passcode" : "none"],
+            // The policy edit is tried on a gated item: it must not open it without the prompt.
+            let policy = name == "victim" && tamper == "policy" ? "device-passcode" : "none"
+            #expect(b.cli(["put", name, "acct", "--policy", policy],
                           stdin: Array("secret-of-\(name)".utf8)).status == 0)
         }
         b.stop()
@@ -117,9 +119,14 @@ import KeyholdTestSupport
         }
         let victim = ids[0], other = ids[1]
         func swap(_ column: String) throws {
+            // Through a placeholder, so a UNIQUE column can be swapped too.
             try db.execute("""
-                UPDATE items SET \(column) = CASE id WHEN x'\(hex(victim))' THEN (SELECT \(column) FROM items WHERE id = x'\(hex(other))')
-                ELSE (SELECT \(column) FROM items WHERE id = x'\(hex(victim))') END WHERE id IN (x'\(hex(victim))', x'\(hex(other))')
+                CREATE TEMP TABLE held AS SELECT id, \(column) AS v FROM items WHERE id IN (x'\(hex(victim))', x'\(hex(other))');
+                UPDATE items SET \(column) = x'00' WHERE id = x'\(hex(victim))';
+                UPDATE items SET \(column) = x'01' WHERE id = x'\(hex(other))';
+                UPDATE items SET \(column) = (SELECT v FROM held WHERE id = x'\(hex(other))') WHERE id = x'\(hex(victim))';
+                UPDATE items SET \(column) = (SELECT v FROM held WHERE id = x'\(hex(victim))') WHERE id = x'\(hex(other))';
+                DROP TABLE held;
                 """)
         }
         switch tamper {

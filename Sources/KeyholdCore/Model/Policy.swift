@@ -12,6 +12,8 @@ public struct Policy: Sendable, Equatable, CustomStringConvertible {
         case devicePasscode = "device-passcode"
 
         public var isBiometric: Bool { self == .biometryAny || self == .biometryCurrentSet }
+        /// True when a fingerprint can satisfy it (biometric, or user presence when enrolled).
+        public var acceptsFingerprint: Bool { isBiometric || self == .userPresence }
     }
 
     public enum Combinator: String, Sendable {

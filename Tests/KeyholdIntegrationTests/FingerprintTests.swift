@@ -1,0 +1,183 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdCore
+import KeyholdTestSupport
+
+/// Issue 4: fingerprints through the real broker, pam_fprintd, fprintd and libfprint's
+/// virtual reader on a private bus. Each test gets its own fprintd (the virtual reader models
+/// heat, and enrolment state must start empty).
+@Suite(.serialized) struct FingerprintTests {
+    let password = "right-password"
+
+    /// A broker wired to a private fprintd: the same bus address and print store.
+    func broker(_ fp: FprintEnvironment) throws -> BrokerFixture {
+        try BrokerFixture(passwords: ["root": password], environment: ["DBUS_SYSTEM_BUS_ADDRESS": fp.busAddress],
+                          fprintStateDirectory: fp.stateDirectory)
+    }
+
+    func auditJSON(_ b: BrokerFixture, _ item: String) -> [[String: Any]] {
+        b.cli(["audit", "--json", "--item", item]).stdoutText.split(separator: "\n")
+            .compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+    }
+
+    /// Runs `keyhold get` while the reader is touched with `print` once fprintd asks for a finger.
+    func getWithScan(_ b: BrokerFixture, _ fp: FprintEnvironment, _ item: [String], print: String?) throws -> CommandResult {
+        let touch = try print.map { try fp.scan(print: $0) }
+        defer { touch?.cancel() }
+        return b.cli(["get"] + item, environment: ["KEYHOLD_ASKPASS": b.askpass(answering: password)])
+    }
+
+    @Test func enrolledFingerReleasesAndOtherFingerFails() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
+            #expect(b.cli(["put", "cur", "x", "--policy", "biometry-current-set"], stdin: Array("fp-cur".utf8)).status == 0)
+            #expect(b.cli(["state", "cur", "x"]).stdoutText == "requires-authentication\n")
+
+            let any = try getWithScan(b, fp, ["any", "x"], print: "print-root")
+            #expect(any.status == 0 && any.stdoutText == "fp-any", "\(any.stderr)")
+            let cur = try getWithScan(b, fp, ["cur", "x"], print: "print-root")
+            #expect(cur.status == 0 && cur.stdoutText == "fp-cur", "\(cur.stderr)")
+            // pam_fprintd's own words reach the caller through the relay.
+            #expect(cur.stderr.contains("finger"))
+            #expect(auditJSON(b, "any/x").contains { $0["operation"] as? String == "get" && $0["method"] as? String == "fingerprint" })
+            #expect(auditJSON(b, "cur/x").contains { $0["operation"] as? String == "get" && $0["method"] as? String == "fingerprint" })
+
+            let wrong = try getWithScan(b, fp, ["any", "x"], print: "print-somebody-else")
+            #expect(wrong.status == 6 && wrong.stdout.isEmpty, "\(wrong.stderr)")
+
+            // `keyhold biometry` shows the reader and the enrolled finger.
+            let info = b.cli(["biometry"])
+            #expect(info.stdoutText.contains("Virtual device for debugging"), "\(info.stdoutText)")
+            #expect(info.stdoutText.contains("right-index-finger"))
+            #expect(info.stdoutText.contains("current set (invalidated by any change): 1"))
+        }
+    }
+
+    @Test func noScanTimesOutWithoutHoldingUpOthers() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("v".utf8)).status == 0)
+            #expect(b.cli(["put", "open", "x"], stdin: Array("open-value".utf8)).status == 0)
+            let result = ResultBox()
+            let timed = Thread { result.set(b.cli(["get", "any", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: password)])) }
+            timed.start()
+            #expect(fp.waitUntilFingerNeeded(timeout: 10))
+            // While that caller waits for a finger, others are served.
+            for _ in 0..<5 { #expect(b.cli(["get", "open", "x"]).stdoutText == "open-value") }
+            while !timed.isFinished { usleep(50_000) }
+            let r = try #require(result.value)
+            #expect(r.status == 6 && r.stdout.isEmpty, "\(r.stderr)")
+        }
+    }
+
+    @Test func readerErrorFailsAtOnce() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("v".utf8)).status == 0)
+            let touch = try fp.reportError()
+            defer { touch.cancel() }
+            let r = b.cli(["get", "any", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: password)])
+            #expect(r.status == 6 && r.stdout.isEmpty)
+        }
+    }
+
+    @Test func newFingerInvalidatesOnlyTheCurrentSetItem() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
+            #expect(b.cli(["put", "cur", "x", "--policy", "biometry-current-set"], stdin: Array("fp-cur".utf8)).status == 0)
+            #expect(b.cli(["put", "alt", "x", "--policy", "biometry-current-set or device-passcode"], stdin: Array("fp-alt".utf8)).status == 0)
+
+            try fp.enroll(user: "root", finger: "left-thumb", print: "print-thumb")
+            #expect(b.cli(["state", "cur", "x"]).stdoutText == "invalidated\n")
+            #expect(b.cli(["state", "any", "x"]).stdoutText == "requires-authentication\n")
+            let ask = b.askpass(answering: password)
+            let inval = b.cli(["get", "cur", "x"], environment: ["KEYHOLD_ASKPASS": ask])
+            #expect(inval.status == 8 && inval.stdout.isEmpty)
+            #expect(!fp.waitUntilFingerNeeded(timeout: 0.5), "no prompt for an invalidated item")
+            #expect(auditJSON(b, "cur/x").contains { $0["outcome"] as? String == "invalidated" })
+            // biometry-any keeps working across enrolment changes (the plain virtual reader
+            // verifies the first enrolled finger by number: now the left thumb).
+            let any = try getWithScan(b, fp, ["any", "x"], print: "print-thumb")
+            #expect(any.stdoutText == "fp-any", "\(any.stderr)")
+            // An `or` with the passcode is not invalidated: the passcode alone still opens it.
+            #expect(b.cli(["state", "alt", "x"]).stdoutText == "requires-authentication\n")
+            #expect(b.cli(["get", "alt", "x"], environment: ["KEYHOLD_ASKPASS": ask]).stdoutText == "fp-alt")
+            // The only way on is to store the item again.
+            #expect(b.cli(["put", "cur", "x", "--update", "--policy", "biometry-current-set"], stdin: Array("fp-new".utf8),
+                          environment: ["KEYHOLD_ASKPASS": ask]).status == 8)
+            #expect(b.cli(["rm", "cur", "x"]).status == 0)
+            #expect(b.cli(["put", "cur", "x", "--policy", "biometry-current-set"], stdin: Array("fp-new".utf8)).status == 0)
+            #expect(b.cli(["state", "cur", "x"]).stdoutText == "requires-authentication\n")
+            // Removing the finger again is a change too.
+            try fp.deleteFinger(user: "root", finger: "left-thumb")
+            #expect(b.cli(["state", "cur", "x"]).stdoutText == "invalidated\n")
+        }
+    }
+
+    @Test func noPrintsFallsBackToPasswordOrFailsClearly() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "up", "x", "--policy", "user-presence"], stdin: Array("fp-up".utf8)).status == 0)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
+            // With a finger enrolled, user-presence takes the fingerprint (no password asked).
+            let byFinger = try getWithScan(b, fp, ["up", "x"], print: "print-root")
+            #expect(byFinger.stdoutText == "fp-up", "\(byFinger.stderr)")
+            #expect(auditJSON(b, "up/x").last { $0["operation"] as? String == "get" }?["method"] as? String == "fingerprint", "\(byFinger.stderr) \(b.brokerLog)")
+
+            try fp.deleteAll(user: "root")
+            let ask = b.askpass(answering: password)
+            let up = b.cli(["get", "up", "x"], environment: ["KEYHOLD_ASKPASS": ask])
+            #expect(up.status == 0 && up.stdoutText == "fp-up", "\(up.stderr)")
+            #expect(auditJSON(b, "up/x").last { $0["operation"] as? String == "get" }?["method"] as? String == "password")
+            let any = b.cli(["get", "any", "x"], environment: ["KEYHOLD_ASKPASS": ask])
+            #expect(any.status == 6 && any.stderr.contains("no finger is enrolled"))
+            #expect(b.cli(["biometry"]).stdoutText.contains("enrolled fingers: none"))
+        }
+    }
+
+    @Test func cancelDuringTheFingerprintWaitEndsItAtOnce() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
+            let p = Process()
+            p.executableURL = URL(fileURLWithPath: TestPaths.keyhold)
+            p.arguments = ["--socket", b.socketPath, "get", "any", "x"]
+            p.environment = ProcessInfo.processInfo.environment.merging(["KEYHOLD_ASKPASS": b.askpass(answering: password)]) { _, n in n }
+            let out = Pipe()
+            p.standardOutput = out
+            p.standardError = FileHandle.nullDevice
+            try p.run()
+            #expect(fp.waitUntilFingerNeeded(timeout: 10))
+            kill(p.processIdentifier, SIGINT)           // Ctrl-C
+            p.waitUntilExit()
+            #expect(p.terminationStatus == 5)
+            #expect(out.fileHandleForReading.readDataToEndOfFile().isEmpty)
+            // The broker ended that PAM transaction: fprintd stops waiting and the reader is free.
+            var released = false
+            for _ in 0..<100 where !released {
+                released = !fp.waitUntilFingerNeeded(timeout: 0.05)
+                usleep(50_000)
+            }
+            #expect(released)
+            let again = try getWithScan(b, fp, ["any", "x"], print: "print-root")
+            #expect(again.stdoutText == "fp-any", "\(again.stderr)")
+            #expect(auditJSON(b, "any/x").contains { $0["outcome"] as? String == "user-canceled" })
+        }
+    }
+}
+
+final class ResultBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var r: CommandResult?
+    func set(_ v: CommandResult) { lock.lock(); r = v; lock.unlock() }
+    var value: CommandResult? { lock.lock(); defer { lock.unlock() }; return r }
+}
