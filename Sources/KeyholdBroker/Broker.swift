@@ -8,11 +8,13 @@ import KeyholdProtocol
 /// store call is short; PAM never runs while it is held), the release gate, the audit trail.
 public final class Broker: Sendable {
     let gate: ReleaseGate
+    let syslog: AuditSyslog
     private let store: Mutex<VaultStore>
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog) {
         self.store = Mutex(store)
         self.gate = gate
+        self.syslog = syslog
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
@@ -23,16 +25,27 @@ public final class Broker: Sendable {
     /// *audit unavailable* and releases nothing.
     @discardableResult
     func audit(_ event: AuditEvent) -> Bool {
+        let record = event.record()
         let ok = withStore { store -> Bool in
             do throws(StoreError) {
-                try store.append(event.record())
+                try store.append(record)
                 return true
             } catch {
                 return false
             }
         }
-        if !ok { log("audit entry could not be written") }
+        committed(record, ok)
         return ok
+    }
+
+    /// After an audit entry's transaction: its copy to the system log, or the failure.
+    func committed(_ record: AuditRecord, _ ok: Bool) {
+        if ok {
+            syslog.record(record)
+        } else {
+            log("audit entry could not be written; request refused")
+            syslog.send("audit-unavailable op=\(record.operation.rawValue) uid=\(record.callerUID) pid=\(record.callerPID)")
+        }
     }
 
     func recordFailure(uid: UInt32) {

@@ -34,7 +34,8 @@ public enum BrokerMain {
             fail("cannot resolve /proc/self/exe")
         }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
-        let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory))
+        let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
+                            syslog: AuditSyslog(socketPath: options.syslogSocket))
 
         let listener: Int32
         do throws(ListenerError) {
@@ -66,6 +67,8 @@ public enum BrokerMain {
         }
         umask(0o077)
         signal(SIGPIPE, SIG_IGN)
+        // A write past RLIMIT_FSIZE must fail the transaction (→ audit unavailable), not kill us.
+        signal(SIGXFSZ, SIG_IGN)
         // SIGTERM/SIGINT/SIGHUP are taken by one thread with sigwait; block them everywhere first.
         var set = sigset_t()
         sigemptyset(&set)

@@ -9,10 +9,12 @@ public struct BrokerOptions: Sendable, Equatable {
     public var pamDirectory: String?
     /// Where fprintd keeps enrolled prints (`STATE_DIRECTORY` of fprintd).
     public var fprintStateDirectory = "/var/lib/fprint"
+    /// The system log socket that receives a copy of each audit entry.
+    public var syslogSocket = "/dev/log"
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
-                        [--pam-dir DIR] [--fprint-state-dir DIR]
+                        [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
         request. Runs as root (or the vault's owner); refuses a state directory or key file that
@@ -23,6 +25,7 @@ public struct BrokerOptions: Sendable, Equatable {
           --socket-mode OCTAL     mode of the socket file (default 666)
           --pam-dir DIR           PAM service files from DIR instead of /etc/pam.d
           --fprint-state-dir DIR  fprintd's print store (default /var/lib/fprint)
+          --syslog-socket PATH    where audit copies go (default /dev/log, facility authpriv)
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }
@@ -44,6 +47,7 @@ public struct BrokerOptions: Sendable, Equatable {
             case "--socket": socketPath = try value(a)
             case "--pam-dir": pamDirectory = try value(a)
             case "--fprint-state-dir": fprintStateDirectory = try value(a)
+            case "--syslog-socket": syslogSocket = try value(a)
             case "--socket-mode":
                 let v = try value(a)
                 guard let m = UInt32(v, radix: 8), m <= 0o777 else { throw .bad("--socket-mode wants an octal mode such as 660") }

@@ -185,12 +185,15 @@ struct Session {
         let opened: Result<SecureBytes, Denial> = broker.withStore { store in
             do throws(StoreError) {
                 let secret = try store.openSecret(item, appPassword: appPassword)
+                let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
                 do throws(StoreError) {
-                    try store.append(event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record())
+                    try store.append(record)
                 } catch {
                     secret.wipe()
+                    broker.committed(record, false)
                     return .failure(Denial(.auditUnavailable))
                 }
+                broker.committed(record, true)
                 return .success(secret)
             } catch .appPasswordWrong {
                 return .failure(Denial(.authenticationFailed, "wrong application password"))
@@ -287,12 +290,20 @@ struct Session {
                               access: access, biometryState: biometryState)
         let result: Result<StoredItem, Denial> = broker.withStore { store in
             do throws(StoreError) {
-                if let existing {
-                    let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
-                    return .success(try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit))
+                let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
+                do throws(StoreError) {
+                    let stored: StoredItem
+                    if let existing {
+                        stored = try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+                    } else {
+                        stored = try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+                    }
+                    broker.committed(audit, true)
+                    return .success(stored)
+                } catch .auditWriteFailed {
+                    broker.committed(audit, false)
+                    throw .auditWriteFailed
                 }
-                let audit = event(request, op, decision: .granted, method: method, outcome: .ok).record()
-                return .success(try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit))
             } catch {
                 return .failure(Denial(error.outcome))
             }
@@ -315,7 +326,14 @@ struct Session {
         // Like SecItemDelete, removing an item needs no authentication: the caller's uid owns it.
         let result: Result<Void, Denial> = broker.withStore { store in
             do throws(StoreError) {
-                try store.delete(item, audit: event(request, .delete, item: item, decision: .granted, outcome: .ok).record())
+                let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
+                do throws(StoreError) {
+                    try store.delete(item, audit: audit)
+                } catch .auditWriteFailed {
+                    broker.committed(audit, false)
+                    throw .auditWriteFailed
+                }
+                broker.committed(audit, true)
                 return .success(())
             } catch {
                 return .failure(Denial(error.outcome))

@@ -75,6 +75,13 @@ public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [
     return CommandResult(status: p.terminationStatus, stdout: [UInt8](out), stderr: String(decoding: errBox.data, as: UTF8.self))
 }
 
+final class LinesBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: [String] = []
+    func append(_ s: String) { lock.lock(); value.append(s); lock.unlock() }
+    var lines: [String] { lock.lock(); defer { lock.unlock() }; return value }
+}
+
 final class DataBox: @unchecked Sendable {
     private let lock = NSLock()
     private var value = Data()
@@ -128,7 +135,9 @@ public final class BrokerFixture: @unchecked Sendable {
     public func start() throws {
         let p = Process()
         p.executableURL = URL(fileURLWithPath: TestPaths.keyholdd)
-        var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory]
+        startSyslog()
+        var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory,
+                    "--syslog-socket", syslogPath]
         if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
         p.arguments = args
         var env = ProcessInfo.processInfo.environment
@@ -151,6 +160,34 @@ public final class BrokerFixture: @unchecked Sendable {
             usleep(10_000)
         }
         throw FixtureError.brokerDidNotStart(brokerLog)
+    }
+
+    /// The broker's audit copies to the system log arrive here (a datagram socket of the test).
+    public var syslogPath: String { directory + "/log.sock" }
+    private var syslogFD: Int32 = -1
+    private let syslogBox = LinesBox()
+    public var syslogLines: [String] { syslogBox.lines }
+
+    func startSyslog() {
+        guard syslogFD < 0 else { return }
+        let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(syslogPath.utf8)
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: bytes); raw[bytes.count] = 0 }
+        let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
+        _ = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, len) } }
+        syslogFD = fd
+        let box = syslogBox
+        let reader = Thread {
+            var buf = [UInt8](repeating: 0, count: 65536)
+            while true {
+                let n = recv(fd, &buf, buf.count, 0)
+                if n <= 0 { return }
+                box.append(String(decoding: buf[0..<n], as: UTF8.self))
+            }
+        }
+        reader.start()
     }
 
     public var brokerLog: String { (try? String(contentsOfFile: directory + "/broker.log", encoding: .utf8)) ?? "" }
@@ -201,6 +238,7 @@ public final class BrokerFixture: @unchecked Sendable {
 
     deinit {
         stop()
+        if syslogFD >= 0 { shutdown(syslogFD, Int32(SHUT_RDWR)); close(syslogFD) }
         try? FileManager.default.removeItem(atPath: directory)
     }
 }

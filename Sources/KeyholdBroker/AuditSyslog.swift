@@ -1,0 +1,68 @@
+import Glibc
+import KeyholdCore
+
+/// A copy of every committed audit entry, one line each, to the system log (facility
+/// authpriv), so journald or rsyslog keep a record outside the vault database.
+///
+/// Written as a syslog client of its own (a datagram to /dev/log, as glibc's syslog(3) does)
+/// so tests can point it at a socket they read. The line names the item by id, never by
+/// service or account, and carries no reason text: the system log is read by more people
+/// than the vault's owner. If the log socket is missing, the copy is skipped: the database
+/// entry, committed first, is the record that gates a release.
+final class AuditSyslog: Sendable {
+    let socketPath: String
+    private let fd: Int32
+
+    /// authpriv (10) << 3 | info (6)
+    static let priority = 86
+
+    init(socketPath: String = "/dev/log") {
+        self.socketPath = socketPath
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    }
+
+    deinit { close(fd) }
+
+    func line(for r: AuditRecord) -> String {
+        var text = "audit op=\(r.operation.rawValue) decision=\(r.decision.rawValue) outcome=\(r.outcome.name) method=\(r.method)"
+        text += " item=\(r.itemID?.description ?? "-") uid=\(r.callerUID) pid=\(r.callerPID) exe=\(Self.printable(r.executable))"
+        return text
+    }
+
+    func record(_ r: AuditRecord) {
+        send(line(for: r))
+    }
+
+    func send(_ message: String) {
+        var t = time_t(0)
+        time(&t)
+        var tm = tm()
+        localtime_r(&t, &tm)
+        var stamp = [UInt8](repeating: 0, count: 32)
+        let n = stamp.withUnsafeMutableBufferPointer { strftime($0.baseAddress!, 32, "%b %e %H:%M:%S", &tm) }
+        let datagram = "<\(Self.priority)>\(String(decoding: stamp[0..<n], as: UTF8.self)) keyholdd[\(getpid())]: \(message)"
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        let path = Array(socketPath.utf8)
+        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else { return }
+        withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: path); raw[path.count] = 0 }
+        let len = socklen_t(MemoryLayout<sa_family_t>.size + path.count + 1)
+        let bytes = Array(datagram.utf8)
+        _ = bytes.withUnsafeBytes { buf in
+            withUnsafePointer(to: &addr) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    sendto(fd, buf.baseAddress, buf.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL), $0, len)
+                }
+            }
+        }
+    }
+
+    /// Control characters escaped, spaces too, so one entry is one unambiguous line.
+    static func printable(_ s: String) -> String {
+        var out = ""
+        for u in s.unicodeScalars {
+            if u.value <= 0x20 || u.value == 0x7f || u == "\\" { out += "\\x" + String(u.value, radix: 16) } else { out.unicodeScalars.append(u) }
+        }
+        return out
+    }
+}
