@@ -267,9 +267,9 @@ extension VaultStore {
                     var intact = true
                     if let raw = row.fields.details {
                         if let box = try? SealedBox(combined: raw),
-                           let plain = try? box.open(using: attributeKey, authenticating: Self.detailsAD(seq: row.seq)) {
-                            var d = CanonicalDecoder(plain.withUnsafeBytes { Array($0) })
-                            if d.field(maxCount: 16).map({ String(decoding: $0, as: UTF8.self) }) == "details",
+                           let plain = try? box.openAttributes(using: attributeKey, authenticating: Self.detailsAD(seq: row.seq)) {
+                            var d = CanonicalDecoder(plain)
+                            if d.expect("details"),
                                let sv = d.optionalText(), let ac = d.optionalText(), let rs = d.optionalText(), d.isAtEnd {
                                 service = sv; account = ac; reason = rs
                             } else { intact = false }
