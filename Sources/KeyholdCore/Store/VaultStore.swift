@@ -107,14 +107,14 @@ public final class VaultStore {
     }
 
     private func configure() throws(StoreError) {
+        let mode: String?
         do {
-            guard try db.pragma("journal_mode=WAL") == "wal" else { throw StoreError.io(code: 0) }
+            mode = try db.pragma("journal_mode=WAL")
+            // FULL: a returned commit has been fsynced (WAL), so it survives kill -9 and power loss.
             try db.execute("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON;")
-        } catch let e as DatabaseError {
-            throw StoreError.from(e)
-        } catch {
-            throw error as! StoreError
-        }
+        } catch { throw StoreError.from(error) }
+        // WAL cannot be refused for a local file; if it is, durability assumptions do not hold.
+        guard mode == "wal" else { throw .io(code: EINVAL) }
     }
 
     private func migrate(from version: Int64) throws(StoreError) {
