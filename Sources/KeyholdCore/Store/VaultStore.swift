@@ -353,7 +353,7 @@ public final class VaultStore {
                              attributes: attributes, wrappedKey: wrapped, secret: secretBox, passwordHashing: params)
     }
 
-    private func checkAudit(_ audit: AuditRecord) throws(StoreError) {
+    func checkAuditSize(_ audit: AuditRecord) throws(StoreError) {
         for text in [audit.executable, audit.service ?? "", audit.account ?? "", audit.reason ?? ""] {
             guard text.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
         }
@@ -365,7 +365,7 @@ public final class VaultStore {
     public func add(owner: UInt32, _ item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                     audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         let id = ItemID.random()
         let now = currentMicroseconds()
         let sealed = try seal(id: id, owner: owner, item, secret: secret, appPassword: appPassword)
@@ -413,7 +413,7 @@ public final class VaultStore {
     public func replace(_ existing: StoredItem, with item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                         audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         let now = currentMicroseconds()
         let sealed = try seal(id: existing.id, owner: existing.owner, item, secret: secret, appPassword: appPassword)
         var audit = audit
@@ -445,7 +445,7 @@ public final class VaultStore {
 
     /// Deletes an item (secure_delete overwrites its pages). `.notFound` if it is gone.
     public func delete(_ item: StoredItem, audit: AuditRecord) throws(StoreError) {
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         var audit = audit
         if audit.itemID == nil { audit.itemID = item.id }
         try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
@@ -541,7 +541,7 @@ public final class VaultStore {
 
     /// Appends one audit entry, committed durably on return. Any failure is `.auditWriteFailed`.
     public func append(_ audit: AuditRecord) throws(StoreError) {
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) in
             try writeAudit(audit)
         }
