@@ -207,3 +207,27 @@ import Testing
         #expect(try healed.verifyAudit() == .intact(count: 2))
     }
 }
+
+@Suite struct AuditPruneTests {
+    @Test func pruneLeavesAVerifiableCheckpoint() throws {
+        let dir = TempDir()
+        let store = try openStore(dir)
+        for i in 1...10 { try store.append(record(.get, service: "svc\(i)", account: "a")) }
+        let exported = try store.auditEntries(visibleTo: nil, afterSeq: nil).filter { $0.seq <= 6 }
+        #expect(exported.count == 6)
+        #expect(throws: StoreError.notFound) { try store.pruneAudit(throughSeq: 99, audit: record(.auditPrune)) }
+        #expect(try store.pruneAudit(throughSeq: 6, audit: record(.auditPrune)) == 6)
+        #expect(try store.verifyAudit() == .intact(count: 5))  // 7...10 and the prune's own entry
+        #expect(try store.auditEntries(visibleTo: nil).map(\.seq) == [7, 8, 9, 10, 11])
+        try store.append(record(.list))
+        store.close()
+        #expect(try openStore(dir).verifyAudit() == .intact(count: 6))
+
+        // The checkpoint is tagged: moving it (to hide more deletions) is detected.
+        try RawDatabase(dir.state + "/vault.db").exec("DELETE FROM audit WHERE seq = 7; UPDATE audit_checkpoint SET seq = 7")
+        #expect(try openStore(dir).verifyAudit() == .broken(seq: 8, problem: .altered))
+        // Removing the checkpoint makes the first remaining entries look removed.
+        try RawDatabase(dir.state + "/vault.db").exec("DELETE FROM audit_checkpoint")
+        #expect(try openStore(dir).verifyAudit() == .broken(seq: 1, problem: .removed))
+    }
+}

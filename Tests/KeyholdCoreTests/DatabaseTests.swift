@@ -47,6 +47,19 @@ import Testing
         #expect(throws: DatabaseError.self) { try db.execute("SELECT 1") }
     }
 
+    @Test func storeConnectionPragmas() throws {
+        let dir = TempDir()
+        let store = try openStore(dir)
+        #expect(try store.db.pragma("journal_mode") == "wal")
+        #expect(try store.db.pragma("synchronous") == "2")  // FULL
+        #expect(try store.db.pragma("foreign_keys") == "1")
+        #expect(try store.db.pragma("secure_delete") == "1")
+        #expect(try store.db.pragma("user_version") == String(VaultStore.schemaVersion))
+        store.close()
+        #expect(throws: StoreError.closed) { try store.items(owner: 1) }
+        #expect(throws: StoreError.auditWriteFailed) { try store.append(record()) }
+    }
+
     @Test func notADatabaseIsRecognised() throws {
         let dir = TempDir()
         let path = dir.path + "/junk.db"

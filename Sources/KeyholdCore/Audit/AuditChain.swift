@@ -248,6 +248,40 @@ extension VaultStore {
         return .reordered
     }
 
+    /// Removes the entries up to and including `throughSeq` (after the caller exported them)
+    /// and leaves a tagged checkpoint (that seq and its MAC), so the rest of the chain still
+    /// verifies from there. `audit` (the prune request's own entry) is written in the same
+    /// transaction. Returns how many entries were removed. Never called automatically.
+    /// `.notFound` if `throughSeq` is not an existing entry.
+    @discardableResult
+    public func pruneAudit(throughSeq: Int64, audit: AuditRecord) throws(StoreError) -> Int64 {
+        try checkAuditSize(audit)
+        return try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) -> Int64 in
+            let removed: Int64
+            do throws(DatabaseError) {
+                guard let row = try auditRow(seq: throughSeq) else { throw DatabaseError(code: 12 /* SQLITE_NOTFOUND */) }
+                removed = try db.withStatement("DELETE FROM audit WHERE seq <= ?1") { (s) throws(DatabaseError) -> Int64 in
+                    try s.bind(1, throughSeq)
+                    try s.step()
+                    return Int64(db.changes)
+                }
+                try db.withStatement("""
+                    INSERT INTO audit_checkpoint (id, seq, mac, checkpoint_tag) VALUES (1, ?1, ?2, ?3)
+                    ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, mac = excluded.mac, checkpoint_tag = excluded.checkpoint_tag
+                    """) { (s) throws(DatabaseError) in
+                    try s.bind(1, throughSeq)
+                    try s.bind(2, blob: row.mac)
+                    try s.bind(3, blob: checkpointTag(seq: throughSeq, mac: row.mac))
+                    try s.step()
+                }
+            } catch {
+                throw error.code == 12 ? StoreError.notFound : StoreError.from(error)
+            }
+            try writeAudit(audit)
+            return removed
+        }
+    }
+
     /// Decrypted audit entries in seq order. `visibleTo`: nil (root) sees all, a uid sees the
     /// entries of its own requests. `since`: µs since the epoch; `afterSeq`: for following.
     public func auditEntries(visibleTo uid: UInt32?, since: Int64? = nil, item: (service: String, account: String)? = nil,
@@ -267,9 +301,9 @@ extension VaultStore {
                     var intact = true
                     if let raw = row.fields.details {
                         if let box = try? SealedBox(combined: raw),
-                           let plain = try? box.open(using: attributeKey, authenticating: Self.detailsAD(seq: row.seq)) {
-                            var d = CanonicalDecoder(plain.withUnsafeBytes { Array($0) })
-                            if d.field(maxCount: 16).map({ String(decoding: $0, as: UTF8.self) }) == "details",
+                           let plain = try? box.openAttributes(using: attributeKey, authenticating: Self.detailsAD(seq: row.seq)) {
+                            var d = CanonicalDecoder(plain)
+                            if d.expect("details"),
                                let sv = d.optionalText(), let ac = d.optionalText(), let rs = d.optionalText(), d.isAtEnd {
                                 service = sv; account = ac; reason = rs
                             } else { intact = false }

@@ -29,7 +29,11 @@ public struct AssociatedData: Sendable, Equatable {
         case secret = 4
     }
 
-    public func encoded(for role: Role) -> [UInt8] {
+    public func encoded(for role: Role) -> [UInt8] { encoded(for: role, policyText: access.policy.description) }
+
+    /// `policyText` must be `access.policy.description`; the store passes the stored text it
+    /// already checked is canonical, which saves re-printing the policy for every row it lists.
+    func encoded(for role: Role, policyText: String) -> [UInt8] {
         var e = CanonicalEncoder(domain: "keyhold item v1")
         e.append(formatVersion)
         e.append(role.rawValue)
@@ -40,7 +44,7 @@ public struct AssociatedData: Sendable, Equatable {
             e.append(account)
         }
         e.append(kind.rawValue)
-        e.append(access.policy.description)
+        e.append(policyText)
         e.append(UInt32(access.allowedExecutables.count))
         for path in access.allowedExecutables { e.append(path) }
         e.append(access.reuseSeconds)

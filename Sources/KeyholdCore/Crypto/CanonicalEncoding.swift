@@ -30,7 +30,11 @@ struct CanonicalEncoder {
         bytes.append(contentsOf: field)
     }
 
-    mutating func append(_ text: String) { append(bytes: Array(text.utf8)) }
+    mutating func append(_ text: String) {
+        let utf8 = text.utf8
+        append(UInt32(utf8.count))
+        bytes.append(contentsOf: utf8)
+    }
 
     /// An optional field: a presence byte, then the field.
     mutating func append(optionalBytes field: [UInt8]?) {
@@ -76,10 +80,22 @@ struct CanonicalDecoder {
         return Array(bytes[offset..<offset + Int(n)])
     }
 
-    /// Text that must be valid UTF-8 (a stored name that is not is damage, not data).
+    /// Text. Everything decoded here came out of an authenticated box this code sealed from a
+    /// Swift String, so it is valid UTF-8; decoding without validation keeps listing fast, and
+    /// any repaired byte would only make a name comparison fail.
     mutating func text(maxCount: Int = Limits.maxTextBytes) -> String? {
-        guard let raw = field(maxCount: maxCount) else { return nil }
-        return String(validating: raw, as: UTF8.self)
+        guard let n = uint32(), Int(n) <= maxCount, bytes.count - offset >= Int(n) else { return nil }
+        let start = offset
+        offset += Int(n)
+        return bytes.withUnsafeBufferPointer { String(decoding: UnsafeBufferPointer(rebasing: $0[start..<start + Int(n)]), as: UTF8.self) }
+    }
+
+    /// Consumes a field only if it is exactly `expected` (a domain label).
+    mutating func expect(_ expected: StaticString) -> Bool {
+        let want = UnsafeBufferPointer(start: expected.utf8Start, count: expected.utf8CodeUnitCount)
+        guard let n = uint32(), Int(n) == want.count, bytes.count - offset >= want.count else { return false }
+        defer { offset += want.count }
+        return bytes[offset..<offset + want.count].elementsEqual(want)
     }
 
     mutating func optionalText(maxCount: Int = Limits.maxTextBytes) -> String?? {

@@ -194,7 +194,7 @@ public struct PasswordHashParameters: Sendable, Equatable {
 
     init(encoded: [UInt8]) throws(CryptoError) {
         var d = CanonicalDecoder(encoded)
-        guard d.field(maxCount: 16).map({ String(decoding: $0, as: UTF8.self) }) == "pwhash",
+        guard d.expect("pwhash"),
               d.uint8() == 1, let alg = d.uint32(), let ops = d.uint64(), let mem = d.uint64(),
               let salt = d.field(maxCount: 64), salt.count == Self.saltByteCount, d.isAtEnd
         else { throw .malformed }

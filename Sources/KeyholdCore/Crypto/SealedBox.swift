@@ -89,5 +89,29 @@ public struct SealedBox: Sendable, Equatable {
         return plain
     }
 
+    /// Opens a box whose content is not secret (item names, audit details) into an ordinary
+    /// array. Guarded memory costs several system calls per allocation, which a listing of
+    /// 100,000 items cannot afford; secrets and keys always go through `open`.
+    func openAttributes(using key: some SealingKey, authenticating associatedData: [UInt8]) throws(CryptoError) -> [UInt8] {
+        Sodium.ready()
+        var plain = [UInt8](repeating: 0, count: combined.count - Self.overhead)
+        var mlen: UInt64 = 0
+        let rc = plain.withUnsafeMutableBufferPointer { p in
+            combined.withUnsafeBufferPointer { c in
+                associatedData.withUnsafeBufferPointer { ad in
+                    key.keyBytes.bytes.withUnsafeBytes { k in
+                        crypto_aead_xchacha20poly1305_ietf_decrypt(
+                            p.baseAddress, &mlen, nil,
+                            c.baseAddress! + Nonce.byteCount, UInt64(c.count - Nonce.byteCount),
+                            ad.baseAddress, UInt64(ad.count), c.baseAddress!,
+                            k.baseAddress!.assumingMemoryBound(to: UInt8.self))
+                    }
+                }
+            }
+        }
+        guard rc == 0 else { throw .authenticationFailed }
+        return plain
+    }
+
     private init(unchecked: [UInt8]) { self.combined = unchecked }
 }

@@ -1,9 +1,16 @@
+import CSodium
+
 /// A stable item id: 16 random bytes, shown as hex. Never derived from names.
 public struct ItemID: Sendable, Hashable, CustomStringConvertible {
     public static let byteCount = 16
     public let bytes: [UInt8]
 
-    public static func random() -> ItemID { ItemID(unchecked: SecureBytes.random(count: byteCount).withUnsafeBytes { Array($0) }) }
+    public static func random() -> ItemID {
+        Sodium.ready()
+        var b = [UInt8](repeating: 0, count: byteCount)
+        randombytes_buf(&b, byteCount)
+        return ItemID(unchecked: b)
+    }
 
     public init?(bytes: [UInt8]) {
         guard bytes.count == Self.byteCount else { return nil }

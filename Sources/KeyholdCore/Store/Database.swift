@@ -10,6 +10,9 @@ public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible
     /// The primary result code (`SQLITE_CONSTRAINT`, `SQLITE_FULL`, …).
     public var primaryCode: Int32 { code & 0xff }
 
+    /// Not an SQLite code: the connection was closed by this process.
+    public static let closed = DatabaseError(code: -1)
+
     // Extended codes are C macro expressions Swift does not import: SQLITE_CONSTRAINT | (n << 8).
     static let constraintUnique: Int32 = 2067
     static let constraintPrimaryKey: Int32 = 1555
@@ -18,7 +21,9 @@ public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible
     /// The file is not a database (or is encrypted by something else).
     public var isNotADatabase: Bool { primaryCode == SQLITE_NOTADB }
 
-    public var description: String { "SQLite error \(code): \(String(cString: sqlite3_errstr(code)))" }
+    public var description: String {
+        self == .closed ? "database connection closed" : "SQLite error \(code): \(String(cString: sqlite3_errstr(code)))"
+    }
 }
 
 /// SQLITE_TRANSIENT: SQLite copies bound bytes, so callers' buffers may go away at once.
@@ -60,7 +65,7 @@ public final class Database {
 
     private var db: OpaquePointer {
         get throws(DatabaseError) {
-            guard let handle else { throw DatabaseError(code: SQLITE_MISUSE) }
+            guard let handle else { throw DatabaseError.closed }
             return handle
         }
     }

@@ -69,6 +69,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     }
 
     static func from(_ error: DatabaseError) -> StoreError {
-        error.isNotADatabase ? .notAKeyholdDatabase : .io(code: error.code)
+        if error == .closed { return .closed }
+        return error.isNotADatabase ? .notAKeyholdDatabase : .io(code: error.code)
     }
 }

@@ -14,6 +14,10 @@ public final class VaultStore {
     let auditKey: AuditKey
     let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
+    /// Parsed policy texts and executable lists, so listing many items parses each distinct
+    /// value once. Bounded; only values that parsed are kept.
+    private var policyCache: [String: Policy] = [:]
+    private var executablesCache: [[UInt8]: [String]] = [:]
 
     /// The schema version this code writes (the last `-- migrate:N` of schema.sql).
     public static var schemaVersion: Int64 { Schema.knownVersion }
@@ -103,14 +107,14 @@ public final class VaultStore {
     }
 
     private func configure() throws(StoreError) {
+        let mode: String?
         do {
-            guard try db.pragma("journal_mode=WAL") == "wal" else { throw StoreError.io(code: 0) }
+            mode = try db.pragma("journal_mode=WAL")
+            // FULL: a returned commit has been fsynced (WAL), so it survives kill -9 and power loss.
             try db.execute("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON; PRAGMA secure_delete=ON;")
-        } catch let e as DatabaseError {
-            throw StoreError.from(e)
-        } catch {
-            throw error as! StoreError
-        }
+        } catch { throw StoreError.from(error) }
+        // WAL cannot be refused for a local file; if it is, durability assumptions do not hold.
+        guard mode == "wal" else { throw .io(code: EINVAL) }
     }
 
     private func migrate(from version: Int64) throws(StoreError) {
@@ -189,8 +193,8 @@ public final class VaultStore {
         guard let id = ItemID(bytes: row.id),
               let owner = UInt32(exactly: row.owner),
               let kindRaw = UInt8(exactly: row.kind), let kind = ItemKind(rawValue: kindRaw),
-              let policy = try? Policy(parsing: row.policy), policy.description == row.policy,
-              let executables = Self.decodeExecutables(row.allowedExecutables),
+              let policy = cachedPolicy(row.policy),
+              let executables = cachedExecutables(row.allowedExecutables),
               let reuse = UInt32(exactly: row.reuseSeconds), reuse <= Limits.maxReuseSeconds,
               row.biometryState.map({ $0.count == KeyedHash.byteCount }) ?? true
         else { throw .integrity }
@@ -203,12 +207,12 @@ public final class VaultStore {
         let access = AccessControl(policy: policy, allowedExecutables: executables, reuseSeconds: reuse)
         var ad = AssociatedData(itemID: id, owner: owner, service: "", account: "", kind: kind, access: access,
                                 biometryState: row.biometryState, passwordHashing: passwordHashing)
-        let names: SecureBytes
+        let names: [UInt8]
         do {
-            names = try SealedBox(combined: row.attributes).open(using: attributeKey, authenticating: ad.encoded(for: .attributes))
+            names = try SealedBox(combined: row.attributes).openAttributes(using: attributeKey, authenticating: ad.encoded(for: .attributes, policyText: row.policy))
         } catch { throw .integrity }
-        var d = CanonicalDecoder(names.withUnsafeBytes { Array($0) })
-        guard d.field(maxCount: 32).map({ String(decoding: $0, as: UTF8.self) }) == "attributes",
+        var d = CanonicalDecoder(names)
+        guard d.expect("attributes"),
               let service = d.text(), let account = d.text(), let label = d.text(), d.isAtEnd
         else { throw .integrity }
         // The lookup column must be the blind index of the names inside: a lookup swapped
@@ -222,6 +226,23 @@ public final class VaultStore {
                           updatedAt: row.updatedAt, passwordHashing: passwordHashing)
     }
 
+    private func cachedPolicy(_ text: String) -> Policy? {
+        if let p = policyCache[text] { return p }
+        guard let p = try? Policy(parsing: text), p.description == text else { return nil }
+        if policyCache.count < 256 { policyCache[text] = p }
+        return p
+    }
+
+    private static let noExecutables = encodeExecutables([])
+
+    private func cachedExecutables(_ raw: [UInt8]) -> [String]? {
+        if raw == Self.noExecutables { return [] }
+        if let e = executablesCache[raw] { return e }
+        guard let e = Self.decodeExecutables(raw) else { return nil }
+        if executablesCache.count < 256 { executablesCache[raw] = e }
+        return e
+    }
+
     static func encodeExecutables(_ paths: [String]) -> [UInt8] {
         var e = CanonicalEncoder(domain: "executables")
         e.append(UInt32(paths.count))
@@ -231,7 +252,7 @@ public final class VaultStore {
 
     static func decodeExecutables(_ raw: [UInt8]) -> [String]? {
         var d = CanonicalDecoder(raw)
-        guard d.field(maxCount: 32).map({ String(decoding: $0, as: UTF8.self) }) == "executables",
+        guard d.expect("executables"),
               let n = d.uint32(), n <= Limits.maxAllowedExecutables else { return nil }
         var paths: [String] = []
         for _ in 0..<n {
@@ -259,13 +280,13 @@ public final class VaultStore {
         return item
     }
 
-    /// Every item of `owner` (metadata only), in creation order, and how many of the owner's
+    /// Every item of `owner` (metadata only), in creation order (rowid: `replace` keeps it), and how many of the owner's
     /// rows failed to open (damaged or altered; they are left out). One query, no per-row prepare.
     public func items(owner: UInt32) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
         var items: [StoredItem] = []
         var damaged = 0
         do {
-            try db.withStatement("SELECT \(Self.itemColumns) FROM items WHERE owner_uid = ?1 ORDER BY created_us, id") { (s) throws(DatabaseError) in
+            try db.withStatement("SELECT \(Self.itemColumns) FROM items WHERE owner_uid = ?1 ORDER BY rowid") { (s) throws(DatabaseError) in
                 try s.bind(1, Int64(owner))
                 while try s.step() {
                     if let item = try? decode(ItemRow(s)), item.owner == owner { items.append(item) } else { damaged += 1 }
@@ -332,7 +353,7 @@ public final class VaultStore {
                              attributes: attributes, wrappedKey: wrapped, secret: secretBox, passwordHashing: params)
     }
 
-    private func checkAudit(_ audit: AuditRecord) throws(StoreError) {
+    func checkAuditSize(_ audit: AuditRecord) throws(StoreError) {
         for text in [audit.executable, audit.service ?? "", audit.account ?? "", audit.reason ?? ""] {
             guard text.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
         }
@@ -344,7 +365,7 @@ public final class VaultStore {
     public func add(owner: UInt32, _ item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                     audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         let id = ItemID.random()
         let now = currentMicroseconds()
         let sealed = try seal(id: id, owner: owner, item, secret: secret, appPassword: appPassword)
@@ -392,7 +413,7 @@ public final class VaultStore {
     public func replace(_ existing: StoredItem, with item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                         audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         let now = currentMicroseconds()
         let sealed = try seal(id: existing.id, owner: existing.owner, item, secret: secret, appPassword: appPassword)
         var audit = audit
@@ -424,7 +445,7 @@ public final class VaultStore {
 
     /// Deletes an item (secure_delete overwrites its pages). `.notFound` if it is gone.
     public func delete(_ item: StoredItem, audit: AuditRecord) throws(StoreError) {
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         var audit = audit
         if audit.itemID == nil { audit.itemID = item.id }
         try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
@@ -520,7 +541,7 @@ public final class VaultStore {
 
     /// Appends one audit entry, committed durably on return. Any failure is `.auditWriteFailed`.
     public func append(_ audit: AuditRecord) throws(StoreError) {
-        try checkAudit(audit)
+        try checkAuditSize(audit)
         try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) in
             try writeAudit(audit)
         }
