@@ -491,8 +491,32 @@ struct Session {
         return r
     }
 
+    /// Removes entries up to a time, leaving a checkpoint. Root only: the log is everyone's.
     private func auditPrune(_ request: Request) -> Response {
-        Response(.otherError, detail: "audit pruning is not available yet")
+        guard caller.uid == 0 else { return deny(request, .auditPrune, item: nil, Denial(.notAuthorized, "only root may prune the audit log")) }
+        guard let until = request.until else { return deny(request, .auditPrune, item: nil, Denial(.usage, "prune needs --until")) }
+        let record = event(request, .auditPrune, decision: .granted, outcome: .ok).record()
+        let result: Result<Int64, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                guard let seq = try store.lastAuditSeq(atOrBefore: until) else { return .success(0) }
+                return .success(try store.pruneAudit(throughSeq: seq, audit: record))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        switch result {
+        case .success(let n):
+            if n > 0 { broker.committed(record, true) } else if !broker.audit(event(request, .auditPrune, decision: .granted, outcome: .ok)) {
+                return Response(.auditUnavailable)
+            }
+            var r = Response(.ok)
+            r.count = UInt64(n)
+            return r
+        case .failure(let d) where d.outcome == .auditUnavailable:
+            broker.committed(record, false)
+            return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .auditPrune, item: nil, d)
+        }
     }
 }
 

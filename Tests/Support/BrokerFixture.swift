@@ -146,7 +146,7 @@ public final class BrokerFixture: @unchecked Sendable {
         p.environment = env
         p.standardOutput = FileHandle.nullDevice
         let log = FileHandle(forWritingAtPath: directory + "/broker.log") ?? {
-            FileManager.default.createFile(atPath: directory + "/broker.log", contents: nil)
+            _ = FileManager.default.createFile(atPath: directory + "/broker.log", contents: nil)
             return FileHandle(forWritingAtPath: directory + "/broker.log")!
         }()
         log.seekToEndOfFile()
@@ -231,7 +231,7 @@ public final class BrokerFixture: @unchecked Sendable {
     public func askpass(answering answer: String?, name: String = "askpass") -> String {
         let path = directory + "/" + name
         let body = answer.map { "#!/bin/sh\nprintf '%s\\n' '\($0)'\n" } ?? "#!/bin/sh\nexit 1\n"
-        FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
+        _ = FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
         chmod(path, 0o755)
         return path
     }
@@ -268,7 +268,7 @@ extension BrokerFixture {
             esac
 
             """
-        FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
+        _ = FileManager.default.createFile(atPath: path, contents: Data(body.utf8))
         chmod(path, 0o755)
         return path
     }

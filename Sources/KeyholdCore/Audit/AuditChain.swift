@@ -325,3 +325,18 @@ extension VaultStore {
         return out
     }
 }
+
+extension VaultStore {
+    /// The newest entry written at or before `time` (µs since the epoch), for `prune --until`.
+    public func lastAuditSeq(atOrBefore time: Int64) throws(StoreError) -> Int64? {
+        do throws(DatabaseError) {
+            return try db.withStatement("SELECT max(seq) FROM audit WHERE time_us <= ?1") { (s) throws(DatabaseError) -> Int64? in
+                try s.bind(1, time)
+                guard try s.step(), !s.isNull(0) else { return nil }
+                return s.int64(0)
+            }
+        } catch {
+            throw StoreError.from(error)
+        }
+    }
+}
