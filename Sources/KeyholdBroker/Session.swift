@@ -426,7 +426,10 @@ struct Session {
     /// Audit entries the caller may see: their own requests (root: all). With `follow`, keeps
     /// sending new entries until the caller goes away.
     private func auditQuery(_ request: Request) -> Response {
-        guard broker.audit(event(request, .auditRead, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        // The query's own entry names no item: a filter is not an access to the item.
+        var unfiltered = request
+        unfiltered.item = nil
+        guard broker.audit(event(unfiltered, .auditRead, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
         let filter = request.item.map { (service: $0.service, account: $0.account) }
         var afterSeq = request.afterSeq

@@ -194,9 +194,9 @@ public enum KeyholdCommand {
 
     static func state(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
         let service = c.positionals[0], account = c.positionals[1]
-        let s = try vault.state(service: service, account: account)
-        Output.out(s.rawValue + "\n")
-        if let left = try vault.lockoutSecondsLeft(service: service, account: account) {
+        let s = try vault.status(service: service, account: account)
+        Output.out(s.state.rawValue + "\n")
+        if let left = s.lockoutSecondsLeft {
             Output.err("locked out for \(left) more seconds")
         }
     }

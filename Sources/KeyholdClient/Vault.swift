@@ -98,19 +98,17 @@ public struct Vault: Sendable {
 
     /// Whether reading the item would need authentication, without prompting.
     public func state(service: String, account: String) throws(KeyholdError) -> ItemState {
+        try status(service: service, account: account).state
+    }
+
+    /// The item's state and, when the caller is locked out, the seconds left — one request.
+    public func status(service: String, account: String) throws(KeyholdError) -> (state: ItemState, lockoutSecondsLeft: UInt64?) {
         let response = try perform(Request(.state, item: ItemReference(service: service, account: account)),
                                    interaction: nil, acceptNotFound: true)
         guard let word = response.state, let state = ItemState(rawValue: word) else {
             throw .other("the broker sent an unknown item state")
         }
-        return state
-    }
-
-    /// Seconds until the caller may try to authenticate again, or nil when not locked out.
-    public func lockoutSecondsLeft(service: String, account: String) throws(KeyholdError) -> UInt64? {
-        let response = try perform(Request(.state, item: ItemReference(service: service, account: account)),
-                                   interaction: nil, acceptNotFound: true)
-        return response.secondsLeft
+        return (state, response.secondsLeft)
     }
 
     /// Ends every authentication reuse window of the caller at once.
