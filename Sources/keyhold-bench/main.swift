@@ -44,19 +44,30 @@ func rss(_ pid: Int32) -> Int {
     return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
 }
 
+/// Runs the CLI as its own process with posix_spawn (Foundation's Process adds tens of ms of
+/// its own per launch on Linux, which would swamp what is measured here).
 func run(_ path: String, _ arguments: [String], stdin: [UInt8] = []) -> Int32 {
-    let p = Process()
-    p.executableURL = URL(fileURLWithPath: path)
-    p.arguments = arguments
-    let inPipe = Pipe()
-    p.standardInput = inPipe
-    p.standardOutput = FileHandle.nullDevice
-    p.standardError = FileHandle.nullDevice
-    try! p.run()
-    if !stdin.isEmpty { inPipe.fileHandleForWriting.write(Data(stdin)) }
-    try? inPipe.fileHandleForWriting.close()
-    p.waitUntilExit()
-    return p.terminationStatus
+    var fds: [Int32] = [0, 0]
+    precondition(pipe(&fds) == 0)
+    let devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    posix_spawn_file_actions_adddup2(&actions, fds[0], 0)
+    posix_spawn_file_actions_adddup2(&actions, devnull, 1)
+    posix_spawn_file_actions_adddup2(&actions, devnull, 2)
+    posix_spawn_file_actions_addclose(&actions, fds[1])
+    let argv = ([path] + arguments).map { strdup($0) } + [nil]
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, path, &actions, nil, argv, environ)
+    posix_spawn_file_actions_destroy(&actions)
+    argv.forEach { free($0) }
+    close(fds[0]); close(devnull)
+    precondition(rc == 0)
+    if !stdin.isEmpty { _ = stdin.withUnsafeBytes { write(fds[1], $0.baseAddress, $0.count) } }
+    close(fds[1])
+    var status: Int32 = 0
+    waitpid(pid, &status, 0)
+    return status
 }
 
 // A broker on a temporary vault.
