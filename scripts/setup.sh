@@ -9,7 +9,8 @@ packages=(
   fprintd libpam-fprintd                      # fingerprint: the real daemon and PAM module
   dbus-daemon python3-dbusmock python3-dbus   # private bus + polkit stand-in for fprintd tests
   libglib2.0-bin                              # gdbus, used by the fingerprint test harness
-  util-linux passwd                           # setsid, setpriv; useradd for the second-user tests
+  util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
+  tmux                                        # a real terminal for the prompt tests
 )
 
 missing=()

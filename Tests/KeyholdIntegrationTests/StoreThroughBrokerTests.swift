@@ -66,6 +66,25 @@ import KeyholdTestSupport
         #expect(b.cli(["state", "b.example", "u2"]).stdoutText == "requires-authentication\n")
     }
 
+    @Test func brokerIsHardenedAndStopsCleanly() throws {
+        let b = try BrokerFixture()
+        let environ = try Data(contentsOf: URL(fileURLWithPath: "/proc/\(b.pid)/environ"))
+        #expect(environ.split(separator: 0).contains { String(decoding: $0, as: UTF8.self) == "SWIFT_BACKTRACE=enable=no" })
+        let limits = try String(contentsOfFile: "/proc/\(b.pid)/limits", encoding: .utf8)
+        let core = limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") } ?? ""
+        #expect(core.split(whereSeparator: \.isWhitespace).suffix(3) == ["0", "0", "bytes"])
+        let p = try #require(b.process)
+        b.stop()
+        #expect(p.terminationReason == .exit && p.terminationStatus == 0)
+        #expect(!FileManager.default.fileExists(atPath: b.socketPath))
+        // A stale socket file left by a killed broker does not stop the next one.
+        try b.start()
+        b.kill9()
+        #expect(FileManager.default.fileExists(atPath: b.socketPath))
+        try b.start()
+        #expect(b.cli(["ls"]).status == 0)
+    }
+
     @Test func persistsAcrossRestartsAndSurvivesKill9() throws {
         let b = try BrokerFixture()
         let vault = Vault(socketPath: b.socketPath)
