@@ -89,13 +89,23 @@ enum AuditCommands {
             if !complete { unlink(path) }
         }
         var written = true
-        let count = try vault.exportAudit(until: until, header: { h in
-            written = written && writeAll(fd, ExportFile.headerLine(h) + "\n")
-        }, rows: { entries in
-            for e in entries { written = written && writeAll(fd, ExportFile.rowLine(e) + "\n") }
-            return written
-        })
-        guard written, fsync(fd) == 0 else { throw .other("cannot write \(path): \(String(cString: strerror(errno)))") }
+        var writeError: Int32 = 0
+        func put(_ line: String) {
+            guard written else { return }
+            written = writeAll(fd, line + "\n")
+            if !written { writeError = errno }
+        }
+        let count: UInt64
+        do throws(KeyholdError) {
+            count = try vault.exportAudit(until: until, header: { put(ExportFile.headerLine($0)) }, rows: { entries in
+                for e in entries { put(ExportFile.rowLine(e)) }
+                return written
+            })
+        } catch {
+            if !written { throw .other("cannot write \(path): \(String(cString: strerror(writeError)))") }
+            throw error
+        }
+        guard fsync(fd) == 0 else { throw .other("cannot write \(path): \(String(cString: strerror(errno)))") }
         complete = true
         Output.err("exported \(count) entries to \(path)")
     }

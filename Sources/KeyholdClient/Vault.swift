@@ -152,8 +152,8 @@ public struct Vault: Sendable {
     /// Exports the audit chain (root only): every entry from its start (genesis, or the
     /// checkpoint of the last prune) through the newest written at or before `until` (µs since
     /// the epoch), each with the row bytes and MACs that let the export be verified on its own.
-    /// `header` is called once, before any rows; `rows` receives them in seq order. Returns the
-    /// number of entries exported.
+    /// `header` is called once, before any rows; `rows` receives them in seq order (returning
+    /// false stops the export, which then throws). Returns the number of entries exported.
     public func exportAudit(until: Int64, header: (AuditExportHeader) -> Void,
                             rows: ([AuditEntryInfo]) -> Bool) throws(KeyholdError) -> UInt64 {
         var r = Request(.audit)
@@ -162,12 +162,20 @@ public struct Vault: Sendable {
         let conn = try BrokerConnection(socketPath: socketPath)
         defer { conn.close() }
         var sawHeader = false
-        let response = try conn.perform(r, interaction: nil, onAudit: rows, onExportHeader: { h in
+        var complete = true
+        var stopped = false
+        let response = try conn.perform(r, interaction: nil, onAudit: { entries in
+            // An export line without its row bytes or before the header could not be verified later.
+            guard sawHeader, entries.allSatisfy({ $0.row != nil }) else { complete = false; return false }
+            if !rows(entries) { stopped = true; return false }
+            return true
+        }, onExportHeader: { h in
             sawHeader = true
             header(h)
         })
+        guard complete, sawHeader || response.outcome != .ok else { throw .other("the broker sent an incomplete export") }
+        if stopped { throw .other("the export was stopped before its end") }
         guard response.outcome == .ok else { throw KeyholdError(response) }
-        guard sawHeader else { throw .other("the broker sent no export header") }
         return response.count ?? 0
     }
 

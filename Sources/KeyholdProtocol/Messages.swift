@@ -350,7 +350,9 @@ extension ClientMessage {
             r.afterSeq = try fs.number(RequestTag.afterSeq).map { Int64(bitPattern: $0) }
             r.follow = try fs.flag(RequestTag.follow)
             r.withRows = try fs.flag(RequestTag.withRows)
-            if r.withRows && op != .audit { throw .malformed("rows are for an audit export only") }
+            if r.withRows && (op != .audit || r.follow || r.since != nil || r.afterSeq != nil || r.item != nil) {
+                throw .malformed("rows are for an audit export only, of the whole chain")
+            }
             let headerTags = RequestTag.exportHeader.filter { fs.has($0) }
             if op == .auditVerifyExport {
                 guard headerTags.count == RequestTag.exportHeader.count else { throw .malformed("export verification needs its header") }

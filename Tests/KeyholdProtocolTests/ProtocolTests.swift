@@ -219,6 +219,8 @@ import KeyholdCore
                             Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]),   // negative seqs
             request([.number(1, UInt64(Operation.auditVerify.rawValue))] + header),   // header on another operation
             request([.number(1, UInt64(Operation.list.rawValue)), .flag(18)]),        // rows outside an audit query
+            request([.number(1, UInt64(Operation.audit.rawValue)), .flag(18), .flag(16)]),   // an export that follows
+            request([.number(1, UInt64(Operation.audit.rawValue)), .flag(18), .text(2, "s"), .text(3, "a")]),  // of one item
             request([op] + header + [Field(23, .bytes(mac(4)))]),                     // repeated tag
             [1, 4],                                                              // an empty row batch
             [1, 5, 1, 0, 0, 0, 0],                                               // an end marker with a field
