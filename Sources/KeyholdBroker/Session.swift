@@ -69,9 +69,10 @@ struct Session {
         case .state: return state(request)
         case .lock: return lock(request)
         case .biometry: return biometry(request)
-        case .audit: return auditQuery(request)
+        case .audit: return request.withRows ? auditExport(request) : auditQuery(request)
         case .auditVerify: return auditVerify(request)
         case .auditPrune: return auditPrune(request)
+        case .auditVerifyExport: return auditVerifyExport(request)
         }
     }
 
@@ -520,6 +521,107 @@ struct Session {
             return Response(.auditUnavailable)
         case .failure(let d): return deny(request, .auditPrune, item: nil, d)
         }
+    }
+}
+
+extension Session {
+    /// An export that verifies on its own: its header, then every entry from the chain's start
+    /// (genesis or the checkpoint) through the newest at or before `until`, each with its row
+    /// bytes and MACs. Root only: the rows carry every user's entries.
+    fileprivate func auditExport(_ request: Request) -> Response {
+        guard caller.uid == 0 else {
+            return deny(request, .auditExport, item: nil, Denial(.notAuthorized, "only root may export the audit log"))
+        }
+        // The range is fixed before this request's own entry is written, so that entry is not
+        // part of the export (it follows it in the chain).
+        let prepared: Result<AuditExportHeader, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                let through = try store.lastAuditSeq(atOrBefore: request.until ?? Int64.max)
+                return .success(try store.auditExportHeader(throughSeq: through))
+            } catch {
+                return .failure(Denial(error.outcome, error == .integrity ? "the audit checkpoint is damaged; run audit verify" : nil))
+            }
+        }
+        let header: AuditExportHeader
+        switch prepared {
+        case .failure(let d): return deny(request, .auditExport, item: nil, d)
+        case .success(let h): header = h
+        }
+        guard broker.audit(event(request, .auditExport, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        guard send(.auditExportHeader(header)) else { return Response(.otherError) }
+        var cursor = (seq: header.startSeq, mac: header.startMAC)
+        var sent: UInt64 = 0
+        while cursor.seq < header.throughSeq {
+            let after = cursor
+            let page: Result<[AuditExportRow], StoreError> = broker.withStore { store in
+                do throws(StoreError) {
+                    return .success(try store.auditExportRows(after: after.seq, previousMAC: after.mac, through: header.throughSeq,
+                                                              limit: 2000))
+                } catch {
+                    return .failure(error)
+                }
+            }
+            switch page {
+            case .failure(.integrity), .success([]):
+                // Rows are checked against the chain as they are read: no export is vouched for past damage.
+                broker.log("audit export stopped: the chain does not verify past entry \(after.seq)")
+                return Response(.integrityFailure, detail: "the audit chain does not verify after entry \(after.seq); run audit verify")
+            case .failure(let e):
+                return Response(e.outcome, detail: "the audit log could not be read")
+            case .success(let rows):
+                for batch in BrokerMessage.auditBatches(rows.map { AuditEntryInfo($0) }) {
+                    guard send(batch) else { return Response(.otherError) }
+                }
+                sent += UInt64(rows.count)
+                cursor = (rows[rows.count - 1].seq, rows[rows.count - 1].mac)
+            }
+        }
+        var r = Response(.ok)
+        r.count = sent
+        return r
+    }
+
+    /// Checks an exported file streamed by the caller (header in the request, then row batches,
+    /// then an end marker) with the audit key. Anyone may ask: the answer is only a count or
+    /// the first bad seq, and the rows come from the caller.
+    fileprivate func auditVerifyExport(_ request: Request) -> Response {
+        guard let header = request.exportHeader else {
+            return deny(request, .auditVerify, item: nil, Denial(.usage, "export verification needs its header"))
+        }
+        var verifier = broker.withStore { $0.auditExportVerifier(header) }
+        reading: while true {
+            let message: ClientMessage
+            do throws(FrameError) {
+                guard let payload = try Frame.read(from: fd) else {
+                    return deny(request, .auditVerify, item: nil, Denial(.usage, "the export ended before its end marker"))
+                }
+                defer { payload.wipe() }
+                message = try ClientMessage.decode(payload)
+            } catch {
+                return deny(request, .auditVerify, item: nil, Denial(.usage, "rejected export rows: \(error)"))
+            }
+            switch message {
+            case .auditRows(let rows):
+                // Decoding guarantees each row is complete; after the first bad one the verifier
+                // only looks at seqs, so a long tail costs little.
+                for info in rows { if let row = info.exportRow { verifier.add(row) } }
+            case .auditRowsEnd:
+                break reading
+            default:
+                return deny(request, .auditVerify, item: nil, Denial(.usage, "unexpected message in an export verification"))
+            }
+        }
+        var r: Response
+        switch verifier.finish() {
+        case .intact(let count):
+            r = Response(.ok)
+            r.count = UInt64(count)
+        case .broken(let seq, let problem):
+            r = Response(.integrityFailure, detail: problem.rawValue)
+            r.firstBadSeq = UInt64(max(seq, 0))
+        }
+        guard broker.audit(event(request, .auditVerify, decision: .granted, outcome: r.outcome)) else { return Response(.auditUnavailable) }
+        return r
     }
 }
 

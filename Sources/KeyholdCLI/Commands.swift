@@ -40,10 +40,15 @@ public enum KeyholdCommand {
                 OptionSpec("--item", value: "SERVICE/ACCOUNT", help: "entries about one item"),
                 OptionSpec("--follow", help: "keep printing new entries as they happen"),
             ], summary: "Shows audit entries about your items and requests (root: all).", subcommands: [
-                CommandSpec("audit verify", summary: "Checks the whole audit chain; names the first altered entry."),
+                CommandSpec("audit verify", options: [
+                    OptionSpec("--export", value: "FILE", help: "check an exported file instead (anyone may; the broker holds the key)"),
+                ], summary: "Checks the whole audit chain; names the first altered entry."),
                 CommandSpec("audit export", positionals: ["FILE"], options: [
                     OptionSpec("--until", value: "TIME", help: "entries up to TIME (required)"),
-                ], summary: "Writes entries up to TIME as JSON Lines with the MACs to verify them."),
+                ], summary: """
+                    Writes every entry up to TIME as JSON Lines: a header line, then each entry with its
+                    row bytes and MACs, so `audit verify --export FILE` checks it later. Root only.
+                    """),
                 CommandSpec("audit prune", options: [
                     OptionSpec("--until", value: "TIME", help: "entries up to TIME (required)"),
                 ], summary: "Removes entries up to TIME, leaving a checkpoint. Root only."),
@@ -79,7 +84,9 @@ public enum KeyholdCommand {
             case "lock": try vault.lock()
             case "biometry": try biometry(vault)
             case "audit": try AuditCommands.show(vault, c)
-            case "audit verify": return try AuditCommands.verify(vault)
+            case "audit verify":
+                if let file = c.value("--export") { return try AuditCommands.verifyExport(vault, path: file) }
+                return try AuditCommands.verify(vault)
             case "audit export": try AuditCommands.export(vault, c)
             case "audit prune": try AuditCommands.prune(vault, c)
             case "demo": return Demo.run(nonInteractive: c.flag("--non-interactive"))

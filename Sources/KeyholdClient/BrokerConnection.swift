@@ -69,7 +69,8 @@ struct BrokerConnection {
     /// (the broker normally refuses earlier with interaction-not-allowed).
     func perform(_ request: Request, interaction: Interaction?,
                  onItems: ([ItemInfo]) -> Void = { _ in },
-                 onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
+                 onAudit: ([AuditEntryInfo]) -> Bool = { _ in true },
+                 onExportHeader: (AuditExportHeader) -> Void = { _ in }) throws(KeyholdError) -> Response {
         try send(.request(request))
         while true {
             switch try receive() {
@@ -86,6 +87,8 @@ struct BrokerConnection {
                 onItems(items)
             case .auditEntries(let entries):
                 if !onAudit(entries) { return Response(.ok) }
+            case .auditExportHeader(let header):
+                onExportHeader(header)
             case .response(let r):
                 return r
             }

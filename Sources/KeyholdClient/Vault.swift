@@ -8,6 +8,7 @@ import KeyholdProtocol
 @_exported import class KeyholdCore.SecureBytes
 @_exported import struct KeyholdProtocol.ItemInfo
 @_exported import struct KeyholdProtocol.AuditEntryInfo
+@_exported import struct KeyholdCore.AuditExportHeader
 @_exported import struct KeyholdProtocol.Prompt
 @_exported import struct KeyholdProtocol.Notice
 
@@ -143,6 +144,65 @@ public struct Vault: Sendable {
         case .integrityFailure:
             return AuditVerification(verified: false, count: r.count ?? 0, firstBadSeq: r.firstBadSeq, problem: r.detail)
         default: throw KeyholdError(r)
+        }
+    }
+
+    /// Exports the audit chain (root only): every entry from its start (genesis, or the
+    /// checkpoint of the last prune) through the newest written at or before `until` (µs since
+    /// the epoch), each with the row bytes and MACs that let the export be verified on its own.
+    /// `header` is called once, before any rows; `rows` receives them in seq order (returning
+    /// false stops the export, which then throws). Returns the number of entries exported.
+    public func exportAudit(until: Int64, header: (AuditExportHeader) -> Void,
+                            rows: ([AuditEntryInfo]) -> Bool) throws(KeyholdError) -> UInt64 {
+        var r = Request(.audit)
+        r.until = until
+        r.withRows = true
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        var sawHeader = false
+        var complete = true
+        var stopped = false
+        let response = try conn.perform(r, interaction: nil, onAudit: { entries in
+            // An export line without its row bytes or before the header could not be verified later.
+            guard sawHeader, entries.allSatisfy({ $0.row != nil }) else { complete = false; return false }
+            if !rows(entries) { stopped = true; return false }
+            return true
+        }, onExportHeader: { h in
+            sawHeader = true
+            header(h)
+        })
+        guard complete, sawHeader || response.outcome != .ok else { throw .other("the broker sent an incomplete export") }
+        if stopped { throw .other("the export was stopped before its end") }
+        guard response.outcome == .ok else { throw KeyholdError(response) }
+        return response.count ?? 0
+    }
+
+    /// Has the broker check an exported audit file with its key: `header` (the file's first
+    /// line), then the rows that `nextRows` returns, in file order, until it returns nil. The
+    /// answer is the number of entries verified, or the first bad seq (0: the header) and why.
+    public func verifyAuditExport(header: AuditExportHeader,
+                                  nextRows: () throws(KeyholdError) -> [AuditEntryInfo]?) throws(KeyholdError) -> AuditVerification {
+        var r = Request(.auditVerifyExport)
+        r.exportHeader = header
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        do throws(KeyholdError) {
+            try conn.send(.request(r))
+            while let rows = try nextRows() {
+                for batch in ClientMessage.auditRowBatches(rows) { try conn.send(batch) }
+            }
+            try conn.send(.auditRowsEnd)
+        } catch .brokerUnavailable {
+            // The broker answered early (and closed): its answer may already be waiting.
+        }
+        while true {
+            guard case .response(let response) = try conn.receive() else { continue }
+            switch response.outcome {
+            case .ok: return AuditVerification(verified: true, count: response.count ?? 0, firstBadSeq: nil, problem: nil)
+            case .integrityFailure:
+                return AuditVerification(verified: false, count: 0, firstBadSeq: response.firstBadSeq, problem: response.detail)
+            default: throw KeyholdError(response)
+            }
         }
     }
 

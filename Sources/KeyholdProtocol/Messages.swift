@@ -3,6 +3,9 @@ import KeyholdCore
 /// What a caller asks the broker to do.
 public enum Operation: UInt8, Sendable, CaseIterable {
     case put = 1, get, delete, list, state, lock, biometry, audit, auditVerify, auditPrune
+    /// Checks an exported audit file: the request carries its header, `auditRows` batches
+    /// and an `auditRowsEnd` marker follow on the same connection.
+    case auditVerifyExport
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state].contains(self) }
@@ -37,6 +40,11 @@ public struct Request {
     public var until: Int64?
     public var afterSeq: Int64?
     public var follow = false
+    /// `audit` for an export (root only): each entry also carries its row bytes and previous
+    /// MAC, and an `auditExportHeader` message comes first.
+    public var withRows = false
+    /// `auditVerifyExport`: the header of the file being checked.
+    public var exportHeader: AuditExportHeader?
 
     public init(_ operation: Operation, item: ItemReference? = nil) {
         self.operation = operation
@@ -105,13 +113,33 @@ public struct AuditEntryInfo: Sendable, Equatable {
     /// Hex MACs, so an export can be verified on its own.
     public var mac: String
     public var previousMAC: String
+    /// Exports only: the canonical row bytes the MAC covers (at most `AuditExportRow.maxRowBytes`).
+    public var row: [UInt8]?
     public init(seq: Int64, time: Int64, uid: UInt32, pid: Int32, executable: String, operation: String, itemID: String?,
                 service: String?, account: String?, decision: String, method: String, reason: String?, outcome: String,
-                mac: String, previousMAC: String) {
+                mac: String, previousMAC: String, row: [UInt8]? = nil) {
         self.seq = seq; self.time = time; self.uid = uid; self.pid = pid; self.executable = executable
         self.operation = operation; self.itemID = itemID; self.service = service; self.account = account
         self.decision = decision; self.method = method; self.reason = reason; self.outcome = outcome
-        self.mac = mac; self.previousMAC = previousMAC
+        self.mac = mac; self.previousMAC = previousMAC; self.row = row
+    }
+
+    /// An exported entry as the wire carries it (MACs in hex).
+    public init(_ r: AuditExportRow) {
+        let v = r.readable
+        self.init(seq: r.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
+                  operation: v.operation, itemID: v.itemID, service: v.service, account: v.account, decision: v.decision,
+                  method: v.method, reason: v.reason, outcome: v.outcome, mac: Hex.encode(r.mac),
+                  previousMAC: Hex.encode(r.previousMAC), row: r.row)
+    }
+
+    /// The exported entry this describes; nil without row bytes or with MACs that are not hex.
+    public var exportRow: AuditExportRow? {
+        guard let row, let m = Hex.decode(mac), let p = Hex.decode(previousMAC) else { return nil }
+        return AuditExportRow(seq: seq, readable: AuditReadableFields(
+            time: time, callerUID: uid, callerPID: pid, executable: executable, operation: operation, itemID: itemID,
+            service: service, account: account, decision: decision, method: method, reason: reason, outcome: outcome),
+            row: row, previousMAC: p, mac: m)
     }
 }
 
@@ -143,6 +171,10 @@ public enum ClientMessage {
     case request(Request)
     case answer(SecureBytes)
     case cancel
+    /// `auditVerifyExport`: the next rows of the file, in file order (never empty).
+    case auditRows([AuditEntryInfo])
+    /// `auditVerifyExport`: the file has no more rows.
+    case auditRowsEnd
 }
 
 public enum BrokerMessage {
@@ -150,22 +182,27 @@ public enum BrokerMessage {
     case notice(Notice)
     case items([ItemInfo])
     case auditEntries([AuditEntryInfo])
+    /// Export: where the exported chain starts and ends; sent before its rows.
+    case auditExportHeader(AuditExportHeader)
     case response(Response)
 }
 
 // MARK: - Encoding
 
 private enum MessageType {
-    static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3
+    static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3, auditRows: UInt8 = 4, auditRowsEnd: UInt8 = 5
     static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
+    static let exportHeader: UInt8 = 15
 }
 
 private enum RequestTag {
     static let operation: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
     static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, update: UInt8 = 9, secret: UInt8 = 10
     static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
-    static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17
-    static let all: Set<UInt8> = Set(1...17)
+    static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
+    static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
+    static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
+    static let all: Set<UInt8> = Set(1...23)
 }
 
 private enum ResponseTag {
@@ -187,8 +224,13 @@ private enum ItemTag {
 private enum AuditTag {
     static let seq: UInt8 = 1, time: UInt8 = 2, uid: UInt8 = 3, pid: UInt8 = 4, exe: UInt8 = 5, op: UInt8 = 6
     static let itemID: UInt8 = 7, service: UInt8 = 8, account: UInt8 = 9, decision: UInt8 = 10, method: UInt8 = 11
-    static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15
-    static let all: Set<UInt8> = Set(1...15)
+    static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15, row: UInt8 = 16
+    static let all: Set<UInt8> = Set(1...16)
+}
+
+private enum ExportHeaderTag {
+    static let startSeq: UInt8 = 1, startMAC: UInt8 = 2, throughSeq: UInt8 = 3, throughMAC: UInt8 = 4, tag: UInt8 = 5
+    static let all: Set<UInt8> = Set(1...5)
 }
 
 /// A prompt answer or app password: as long as a PAM response may usefully be.
@@ -201,6 +243,11 @@ extension ClientMessage {
             return PayloadEncoder.encode(type: MessageType.cancel, fields: [])
         case .answer(let s):
             return PayloadEncoder.encode(type: MessageType.answer, fields: [.secret(1, s)])
+        case .auditRows(let rows):
+            return PayloadEncoder.encode(type: MessageType.auditRows,
+                                         fields: rows.map { Field(ListTag.entry, .nested(BrokerMessage.fields(of: $0))) })
+        case .auditRowsEnd:
+            return PayloadEncoder.encode(type: MessageType.auditRowsEnd, fields: [])
         case .request(let r):
             var f: [Field] = [.number(RequestTag.operation, UInt64(r.operation.rawValue))]
             if let item = r.item {
@@ -221,8 +268,22 @@ extension ClientMessage {
             if let v = r.until { f.append(.number(RequestTag.until, UInt64(bitPattern: v))) }
             if let v = r.afterSeq { f.append(.number(RequestTag.afterSeq, UInt64(bitPattern: v))) }
             if r.follow { f.append(.flag(RequestTag.follow)) }
+            if r.withRows { f.append(.flag(RequestTag.withRows)) }
+            if let h = r.exportHeader {
+                f.append(.number(RequestTag.startSeq, UInt64(bitPattern: h.startSeq)))
+                f.append(Field(RequestTag.startMAC, .bytes(h.startMAC)))
+                f.append(.number(RequestTag.throughSeq, UInt64(bitPattern: h.throughSeq)))
+                f.append(Field(RequestTag.throughMAC, .bytes(h.throughMAC)))
+                f.append(Field(RequestTag.exportTag, .bytes(h.tag)))
+            }
             return PayloadEncoder.encode(type: MessageType.request, fields: f)
         }
+    }
+
+    /// Splits exported rows into `.auditRows` messages that each fit in one frame.
+    public static func auditRowBatches(_ rows: [AuditEntryInfo]) -> [ClientMessage] {
+        BrokerMessage.batches(rows, size: { Field(ListTag.entry, .nested(BrokerMessage.fields(of: $0))).encodedCount })
+            .map { .auditRows($0) }
     }
 
     /// Decodes what a client sent. Everything here is untrusted.
@@ -235,6 +296,23 @@ extension ClientMessage {
             let fs = try FieldSet.payload(payload, allowed: [1])
             guard let s = try fs.secret(1, maxBytes: maxAnswerBytes) else { throw .malformed("answer without value") }
             return .answer(s)
+        case MessageType.auditRows:
+            let fs = try FieldSet.payload(payload, allowed: [ListTag.entry], repeatable: [ListTag.entry])
+            var rows: [AuditEntryInfo] = []
+            for e in try fs.nested(ListTag.entry, allowed: AuditTag.all) {
+                let row = try BrokerMessage.auditEntry(e)
+                // Rows to verify must be complete: row bytes, and MACs of exactly 32 bytes in hex.
+                guard row.row != nil, row.seq >= 1, row.mac.utf8.count == 64, row.previousMAC.utf8.count == 64,
+                      row.exportRow != nil else {
+                    throw .malformed("incomplete audit row")
+                }
+                rows.append(row)
+            }
+            guard !rows.isEmpty else { throw .malformed("empty audit row batch") }
+            return .auditRows(rows)
+        case MessageType.auditRowsEnd:
+            _ = try FieldSet.payload(payload, allowed: [])
+            return .auditRowsEnd
         case MessageType.request:
             let fs = try FieldSet.payload(payload, allowed: RequestTag.all, repeatable: [RequestTag.allowExe])
             guard let raw = try fs.number(RequestTag.operation), raw <= 255, let op = Operation(rawValue: UInt8(raw)) else {
@@ -271,6 +349,29 @@ extension ClientMessage {
             r.until = try fs.number(RequestTag.until).map { Int64(bitPattern: $0) }
             r.afterSeq = try fs.number(RequestTag.afterSeq).map { Int64(bitPattern: $0) }
             r.follow = try fs.flag(RequestTag.follow)
+            r.withRows = try fs.flag(RequestTag.withRows)
+            if r.withRows && (op != .audit || r.follow || r.since != nil || r.afterSeq != nil || r.item != nil) {
+                throw .malformed("rows are for an audit export only, of the whole chain")
+            }
+            let headerTags = RequestTag.exportHeader.filter { fs.has($0) }
+            if op == .auditVerifyExport {
+                guard headerTags.count == RequestTag.exportHeader.count else { throw .malformed("export verification needs its header") }
+                func mac(_ tag: UInt8) throws(FrameError) -> [UInt8] {
+                    guard let b = try fs.opaque(tag, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {
+                        throw .malformed("export header MAC of the wrong size")
+                    }
+                    return b
+                }
+                guard let start = try fs.number(RequestTag.startSeq), let through = try fs.number(RequestTag.throughSeq),
+                      start <= UInt64(Int64.max), through <= UInt64(Int64.max), through >= start else {
+                    throw .malformed("export header range")
+                }
+                r.exportHeader = AuditExportHeader(startSeq: Int64(start), startMAC: try mac(RequestTag.startMAC),
+                                                   throughSeq: Int64(through), throughMAC: try mac(RequestTag.throughMAC),
+                                                   tag: try mac(RequestTag.exportTag))
+            } else if !headerTags.isEmpty {
+                throw .malformed("export header outside an export verification")
+            }
             return .request(r)
         default:
             throw .unexpectedMessage
@@ -291,6 +392,12 @@ extension BrokerMessage {
             return PayloadEncoder.encode(type: MessageType.items, fields: items.map { Field(ListTag.entry, .nested(Self.fields(of: $0))) })
         case .auditEntries(let entries):
             return PayloadEncoder.encode(type: MessageType.audit, fields: entries.map { Field(ListTag.entry, .nested(Self.fields(of: $0))) })
+        case .auditExportHeader(let h):
+            return PayloadEncoder.encode(type: MessageType.exportHeader, fields: [
+                .number(ExportHeaderTag.startSeq, UInt64(bitPattern: h.startSeq)), Field(ExportHeaderTag.startMAC, .bytes(h.startMAC)),
+                .number(ExportHeaderTag.throughSeq, UInt64(bitPattern: h.throughSeq)),
+                Field(ExportHeaderTag.throughMAC, .bytes(h.throughMAC)), Field(ExportHeaderTag.tag, .bytes(h.tag)),
+            ])
         case .response(let r):
             var f: [Field] = [.number(ResponseTag.outcome, UInt64(r.outcome.rawValue))]
             if let d = r.detail { f.append(.text(ResponseTag.detail, String(d.utf8.prefix(Limits.maxTextBytes)) ?? "")) }
@@ -315,7 +422,7 @@ extension BrokerMessage {
         batches(entries, size: { Field(ListTag.entry, .nested(fields(of: $0))).encodedCount }).map { .auditEntries($0) }
     }
 
-    private static func batches<T>(_ all: [T], size: (T) -> Int) -> [[T]] {
+    static func batches<T>(_ all: [T], size: (T) -> Int) -> [[T]] {
         let budget = Frame.maxPayloadBytes - 16
         var out: [[T]] = []
         var current: [T] = []
@@ -357,7 +464,26 @@ extension BrokerMessage {
         if let v = e.service { f.append(.text(AuditTag.service, v)) }
         if let v = e.account { f.append(.text(AuditTag.account, v)) }
         if let v = e.reason { f.append(.text(AuditTag.reason, v)) }
+        if let v = e.row { f.append(Field(AuditTag.row, .bytes(v))) }
         return f
+    }
+
+    /// One audit entry, strictly: the same rules for the broker's entries and a client's rows.
+    static func auditEntry(_ e: FieldSet) throws(FrameError) -> AuditEntryInfo {
+        guard let seq = try e.number(AuditTag.seq), let time = try e.number(AuditTag.time),
+              let uid = try e.number(AuditTag.uid), uid <= UInt64(UInt32.max),
+              let pid = try e.number(AuditTag.pid), pid <= UInt64(UInt32.max) else {
+            throw .malformed("bad audit entry")
+        }
+        return AuditEntryInfo(
+            seq: Int64(bitPattern: seq), time: Int64(bitPattern: time), uid: UInt32(uid),
+            pid: Int32(bitPattern: UInt32(pid)), executable: try e.requiredText(AuditTag.exe),
+            operation: try e.requiredText(AuditTag.op), itemID: try e.text(AuditTag.itemID),
+            service: try e.text(AuditTag.service), account: try e.text(AuditTag.account),
+            decision: try e.requiredText(AuditTag.decision), method: try e.requiredText(AuditTag.method),
+            reason: try e.text(AuditTag.reason), outcome: try e.requiredText(AuditTag.outcome),
+            mac: try e.requiredText(AuditTag.mac), previousMAC: try e.requiredText(AuditTag.previousMAC),
+            row: try e.opaque(AuditTag.row, maxBytes: AuditExportRow.maxRowBytes))
     }
 
     /// Decodes what the broker sent. The client checks it as strictly as the broker checks it.
@@ -394,21 +520,24 @@ extension BrokerMessage {
             let fs = try FieldSet.payload(payload, allowed: [ListTag.entry], repeatable: [ListTag.entry])
             var entries: [AuditEntryInfo] = []
             for e in try fs.nested(ListTag.entry, allowed: AuditTag.all) {
-                guard let seq = try e.number(AuditTag.seq), let time = try e.number(AuditTag.time),
-                      let uid = try e.number(AuditTag.uid), uid <= UInt64(UInt32.max),
-                      let pid = try e.number(AuditTag.pid), pid <= UInt64(UInt32.max) else {
-                    throw .malformed("bad audit entry")
-                }
-                entries.append(AuditEntryInfo(
-                    seq: Int64(bitPattern: seq), time: Int64(bitPattern: time), uid: UInt32(uid),
-                    pid: Int32(bitPattern: UInt32(pid)), executable: try e.requiredText(AuditTag.exe),
-                    operation: try e.requiredText(AuditTag.op), itemID: try e.text(AuditTag.itemID),
-                    service: try e.text(AuditTag.service), account: try e.text(AuditTag.account),
-                    decision: try e.requiredText(AuditTag.decision), method: try e.requiredText(AuditTag.method),
-                    reason: try e.text(AuditTag.reason), outcome: try e.requiredText(AuditTag.outcome),
-                    mac: try e.requiredText(AuditTag.mac), previousMAC: try e.requiredText(AuditTag.previousMAC)))
+                entries.append(try auditEntry(e))
             }
             return .auditEntries(entries)
+        case MessageType.exportHeader:
+            let fs = try FieldSet.payload(payload, allowed: ExportHeaderTag.all)
+            func mac(_ tag: UInt8) throws(FrameError) -> [UInt8] {
+                guard let b = try fs.opaque(tag, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {
+                    throw .malformed("export header MAC of the wrong size")
+                }
+                return b
+            }
+            guard let start = try fs.number(ExportHeaderTag.startSeq), let through = try fs.number(ExportHeaderTag.throughSeq),
+                  start <= UInt64(Int64.max), through <= UInt64(Int64.max), through >= start else {
+                throw .malformed("export header range")
+            }
+            return .auditExportHeader(AuditExportHeader(startSeq: Int64(start), startMAC: try mac(ExportHeaderTag.startMAC),
+                                                        throughSeq: Int64(through), throughMAC: try mac(ExportHeaderTag.throughMAC),
+                                                        tag: try mac(ExportHeaderTag.tag)))
         case MessageType.response:
             let fs = try FieldSet.payload(payload, allowed: ResponseTag.all, repeatable: [ResponseTag.finger])
             guard let o = try fs.number(ResponseTag.outcome), o <= 255, let outcome = Outcome(rawValue: UInt8(o)) else {

@@ -138,4 +138,113 @@ import KeyholdCore
         shutdown(fds[0], Int32(SHUT_WR))
         #expect(throws: FrameError.truncated) { _ = try Frame.read(from: fds[1]) }
     }
+
+    // MARK: audit export
+
+    func mac(_ b: UInt8) -> [UInt8] { [UInt8](repeating: b, count: 32) }
+
+    func exportRow(seq: Int64 = 1, row: [UInt8] = [1, 2, 3]) -> AuditEntryInfo {
+        AuditEntryInfo(seq: seq, time: 1_700_000_000_000_000, uid: 1000, pid: 42, executable: "/usr/bin/x", operation: "get",
+                       itemID: String(repeating: "ab", count: 16), service: "s", account: "a", decision: "granted",
+                       method: "password", reason: nil, outcome: "ok", mac: String(repeating: "0a", count: 32),
+                       previousMAC: String(repeating: "0b", count: 32), row: row)
+    }
+
+    @Test func exportMessagesRoundTrip() throws {
+        let header = AuditExportHeader(startSeq: 6, startMAC: mac(1), throughSeq: 9, throughMAC: mac(2), tag: mac(3))
+        var r = Request(.auditVerifyExport)
+        r.exportHeader = header
+        guard case .request(let d) = try roundTrip(.request(r)) else { Issue.record("not a request"); return }
+        #expect(d.operation == .auditVerifyExport && d.exportHeader == header)
+
+        var q = Request(.audit)
+        q.until = 99
+        q.withRows = true
+        guard case .request(let dq) = try roundTrip(.request(q)) else { Issue.record("not a request"); return }
+        #expect(dq.withRows && dq.until == 99 && dq.exportHeader == nil)
+
+        let rows = [exportRow(seq: 1), exportRow(seq: 2, row: [])]
+        guard case .auditRows(let got) = try roundTrip(.auditRows(rows)) else { Issue.record("not rows"); return }
+        #expect(got == rows && got[0].exportRow?.mac == mac(0x0a) && got[0].exportRow?.previousMAC == mac(0x0b))
+        guard case .auditRowsEnd = try roundTrip(.auditRowsEnd) else { Issue.record("not the end marker"); return }
+
+        guard case .auditExportHeader(let h) = try BrokerMessage.decode(BrokerMessage.auditExportHeader(header).encode()) else {
+            Issue.record("not a header"); return
+        }
+        #expect(h == header)
+        guard case .auditEntries(let e) = try BrokerMessage.decode(BrokerMessage.auditEntries(rows).encode()) else {
+            Issue.record("not entries"); return
+        }
+        #expect(e == rows)
+    }
+
+    @Test func exportBatchesFitInFrames() throws {
+        let big = String(repeating: "x", count: Limits.maxTextBytes)
+        var row = exportRow(row: [UInt8](repeating: 7, count: AuditExportRow.maxRowBytes))
+        row.executable = big; row.service = big; row.account = big; row.reason = big
+        let rows = Array(repeating: row, count: 20)
+        let toBroker = ClientMessage.auditRowBatches(rows)
+        let toClient = BrokerMessage.auditBatches(rows)
+        #expect(toBroker.count > 1 && toClient.count > 1)
+        var total = 0
+        for b in toBroker {
+            let payload = b.encode()
+            #expect(payload.count <= Frame.maxPayloadBytes)
+            if case .auditRows(let r) = try ClientMessage.decode(payload) { total += r.count }
+        }
+        #expect(total == 20)
+        for b in toClient { #expect(b.encode().count <= Frame.maxPayloadBytes) }
+    }
+
+    /// Hostile export requests and row batches: each must throw a FrameError.
+    @Test func hostileExportPayloadsAreRejected() throws {
+        func request(_ fields: [Field]) -> [UInt8] { bytes(PayloadEncoder.encode(type: 1, fields: fields)) }
+        func rows(_ entries: [[Field]]) -> [UInt8] {
+            bytes(PayloadEncoder.encode(type: 4, fields: entries.map { Field(1, .nested($0)) }))
+        }
+        let op = Field.number(1, UInt64(Operation.auditVerifyExport.rawValue))
+        let header: [Field] = [.number(19, 0), Field(20, .bytes(mac(1))), .number(21, 3), Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]
+        #expect(throws: Never.self) { _ = try ClientMessage.decode(SecureBytes(copying: request([op] + header))) }
+        var cases: [[UInt8]] = [
+            request([op]),                                                       // no header
+            request([op] + header.dropLast()),                                   // header without its tag
+            request([op] + header.dropFirst()),                                  // header without its start
+            request([op] + [.number(19, 0), Field(20, .bytes(Array(mac(1).dropLast()))), .number(21, 3),
+                            Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]),   // a 31-byte MAC
+            request([op] + [.number(19, 0), Field(20, .bytes(mac(1) + [0])), .number(21, 3),
+                            Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]),   // a 33-byte MAC
+            request([op] + [.number(19, 5), Field(20, .bytes(mac(1))), .number(21, 3),
+                            Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]),   // ends before it starts
+            request([op] + [.number(19, UInt64.max), Field(20, .bytes(mac(1))), .number(21, UInt64.max),
+                            Field(22, .bytes(mac(2))), Field(23, .bytes(mac(3)))]),   // negative seqs
+            request([.number(1, UInt64(Operation.auditVerify.rawValue))] + header),   // header on another operation
+            request([.number(1, UInt64(Operation.list.rawValue)), .flag(18)]),        // rows outside an audit query
+            request([.number(1, UInt64(Operation.audit.rawValue)), .flag(18), .flag(16)]),   // an export that follows
+            request([.number(1, UInt64(Operation.audit.rawValue)), .flag(18), .text(2, "s"), .text(3, "a")]),  // of one item
+            request([op] + header + [Field(23, .bytes(mac(4)))]),                     // repeated tag
+            [1, 4],                                                              // an empty row batch
+            [1, 5, 1, 0, 0, 0, 0],                                               // an end marker with a field
+        ]
+        let complete = BrokerMessage.fields(of: exportRow())
+        func without(_ tag: UInt8) -> [Field] { complete.filter { $0.tag != tag } }
+        func replacing(_ tag: UInt8, _ f: Field) -> [Field] { without(tag) + [f] }
+        cases.append(rows([without(16)]))                                        // no row bytes
+        cases.append(rows([without(14)]))                                        // no MAC
+        cases.append(rows([replacing(14, .text(14, String(repeating: "0A", count: 32)))]))   // uppercase hex
+        cases.append(rows([replacing(14, .text(14, String(repeating: "0a", count: 31)))]))   // 31-byte MAC
+        cases.append(rows([replacing(15, .text(15, String(repeating: "zz", count: 32)))]))   // not hex
+        cases.append(rows([replacing(1, .number(1, 0))]))                        // seq 0
+        cases.append(rows([replacing(16, Field(16, .bytes([UInt8](repeating: 0, count: AuditExportRow.maxRowBytes + 1))))]))
+        cases.append(rows([complete, without(16)]))                              // one good row, one incomplete
+        cases.append(rows([complete + [Field(99, .bytes([]))]]))                 // unknown tag in a row
+        for c in cases {
+            #expect(throws: FrameError.self, "payload \(c.prefix(24)) must be rejected") { _ = try ClientMessage.decode(SecureBytes(copying: c)) }
+        }
+        // The broker's header message, just as strictly.
+        for fields in [[Field]](arrayLiteral: [.number(1, 0)], [.number(1, 0), Field(2, .bytes([1])), .number(3, 0),
+                                                               Field(4, .bytes(mac(2))), Field(5, .bytes(mac(3)))]) {
+            #expect(throws: FrameError.self) { _ = try BrokerMessage.decode(PayloadEncoder.encode(type: 15, fields: fields)) }
+        }
+    }
+
 }

@@ -4,7 +4,10 @@
 /// detected as well.
 extension VaultStore {
     /// The chain's starting value, before the first entry.
-    var genesisMAC: [UInt8] { KeyedHash.hash(Array("keyhold audit genesis v1".utf8), key: auditKey) }
+    var genesisMAC: [UInt8] { Self.genesisMAC(key: auditKey) }
+
+    /// Static forms take the key, so an export verifier can run without the store (and its lock).
+    static func genesisMAC(key: AuditKey) -> [UInt8] { KeyedHash.hash(Array("keyhold audit genesis v1".utf8), key: key) }
 
     /// Stored audit fields, as bytes exactly as in the row, so verification re-encodes what is
     /// on disk rather than a decoded copy.
@@ -35,11 +38,15 @@ extension VaultStore {
     }
 
     func chainMAC(previous: [UInt8], seq: Int64, _ f: AuditFields) -> [UInt8] {
+        Self.chainMAC(previous: previous, seq: seq, f, key: auditKey)
+    }
+
+    static func chainMAC(previous: [UInt8], seq: Int64, _ f: AuditFields, key: AuditKey) -> [UInt8] {
         var e = CanonicalEncoder(domain: "keyhold audit mac v1")
         e.append(bytes: previous)
         e.append(seq)
         f.encode(into: &e)
-        return KeyedHash.hash(e.bytes, key: auditKey)
+        return KeyedHash.hash(e.bytes, key: key)
     }
 
     func headTag(seq: Int64, mac: [UInt8]) -> [UInt8] {
