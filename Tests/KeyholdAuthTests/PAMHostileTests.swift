@@ -85,6 +85,7 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
             grep 'core file size' /proc/$PPID/limits > \(dir)/limits
             ls /proc/$PPID/fd | sort -n | tr '\\n' ' ' > \(dir)/helper-fds
             for f in /proc/$$/fd/*; do readlink "$f"; done > \(dir)/own-fds
+            exit 0
             """, to: dir + "/probe.sh", mode: 0o755)
         PAMFixture.write("auth required pam_exec.so \(dir)/probe.sh\naccount required pam_permit.so\n", to: dir + "/custom")
         let r = PAMFixture.authenticator(dir).authenticate(PAMRequest(service: "custom", user: "dave"),
