@@ -4,6 +4,7 @@
 // a few method calls, little-endian messages only — so KeyholdAuth needs no D-Bus library.
 // Every failure (no bus, no fprintd, a malformed or oversized reply, a timeout) is nil.
 import Glibc
+import CKeyholdOS
 
 public enum BiometryReader {
     /// The system bus address used when none is given: `$DBUS_SYSTEM_BUS_ADDRESS`, else the
@@ -83,17 +84,7 @@ final class DBusConnection {
         var tv = timeval(tv_sec: timeoutMilliseconds / 1000, tv_usec: (timeoutMilliseconds % 1000) * 1000)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
-        let connected = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, len) }
-        }
+        let connected = ckh_connect_unix(fd, path)
         guard connected == 0, authenticate(), hello() else { close(); return nil }
     }
 

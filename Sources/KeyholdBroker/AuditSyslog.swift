@@ -1,4 +1,5 @@
 import Glibc
+import CKeyholdOS
 import KeyholdCore
 
 /// A copy of every committed audit entry, one line each, to the system log (facility
@@ -41,20 +42,8 @@ final class AuditSyslog: Sendable {
         var stamp = [UInt8](repeating: 0, count: 32)
         let n = stamp.withUnsafeMutableBufferPointer { strftime($0.baseAddress!, 32, "%b %e %H:%M:%S", &tm) }
         let datagram = "<\(Self.priority)>\(String(decoding: stamp[0..<n], as: UTF8.self)) keyholdd[\(getpid())]: \(message)"
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let path = Array(socketPath.utf8)
-        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else { return }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: path); raw[path.count] = 0 }
-        let len = socklen_t(MemoryLayout<sa_family_t>.size + path.count + 1)
         let bytes = Array(datagram.utf8)
-        _ = bytes.withUnsafeBytes { buf in
-            withUnsafePointer(to: &addr) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
-                    sendto(fd, buf.baseAddress, buf.count, Int32(MSG_DONTWAIT | MSG_NOSIGNAL), $0, len)
-                }
-            }
-        }
+        _ = bytes.withUnsafeBytes { ckh_sendto_unix(fd, $0.baseAddress, UInt($0.count), Int32(MSG_DONTWAIT | MSG_NOSIGNAL), socketPath) }
     }
 
     /// Control characters escaped, spaces too, so one entry is one unambiguous line.

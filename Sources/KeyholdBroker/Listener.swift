@@ -23,30 +23,23 @@ enum Listener {
     static let active = Atomic<Int>(0)
 
     static func bind(path: String, mode: UInt32) throws(ListenerError) -> Int32 {
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { throw .pathTooLong }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
-
         var st = stat()
         if lstat(path, &st) == 0 {
             guard st.st_mode & S_IFMT == S_IFSOCK else { throw .notASocket }
             // A live broker answers; a stale socket file from a killed one is removed.
             let probe = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-            let live = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(probe, $0, len) } } == 0
+            let live = ckh_connect_unix(probe, path) == 0
             close(probe)
             if live { throw .inUse }
             unlink(path)
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
-        let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.bind(fd, $0, len) } }
-        guard rc == 0 else { let e = errno; close(fd); throw .system("bind", e) }
+        guard ckh_bind_unix(fd, path) == 0 else {
+            let e = errno
+            close(fd)
+            throw e == ENAMETOOLONG ? .pathTooLong : .system("bind", e)
+        }
         guard chmod(path, mode_t(mode)) == 0 else { let e = errno; close(fd); throw .system("chmod", e) }
         guard listen(fd, 128) == 0 else { let e = errno; close(fd); throw .system("listen", e) }
         return fd

@@ -453,7 +453,7 @@ struct Session {
                     seq: v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
                     operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
                     decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome,
-                    mac: hex(v.mac), previousMAC: ""))
+                    mac: Hex.encode(v.mac), previousMAC: ""))
             }
             for batch in BrokerMessage.auditBatches(infos) {
                 guard send(batch) else { return Response(.ok) }
@@ -625,10 +625,3 @@ extension Session {
     }
 }
 
-func hex(_ bytes: [UInt8]) -> String {
-    let digits = Array("0123456789abcdef".utf8)
-    var out: [UInt8] = []
-    out.reserveCapacity(bytes.count * 2)
-    for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 15)]) }
-    return String(decoding: out, as: UTF8.self)
-}

@@ -1,6 +1,7 @@
 import Glibc
 import KeyholdCore
 import KeyholdProtocol
+import CKeyholdOS
 
 /// Answers the broker's prompts for one request: the CLI shows them on the terminal or runs
 /// an askpass program; an app may show its own UI.
@@ -18,21 +19,7 @@ struct BrokerConnection {
     init(socketPath: String) throws(KeyholdError) {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .brokerUnavailable("cannot create a socket") }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let path = Array(socketPath.utf8)
-        guard path.count < MemoryLayout.size(ofValue: addr.sun_path) else {
-            _ = Glibc.close(fd)
-            throw .brokerUnavailable("socket path too long")
-        }
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in
-            raw.copyBytes(from: path)
-            raw[path.count] = 0
-        }
-        let len = socklen_t(MemoryLayout<sa_family_t>.size + path.count + 1)
-        let rc = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { Glibc.connect(fd, $0, len) }
-        }
+        let rc = ckh_connect_unix(fd, socketPath)
         guard rc == 0 else {
             let e = errno
             _ = Glibc.close(fd)

@@ -14,4 +14,9 @@ int ckh_accept_cloexec(int fd);
 int ckh_block_sigint(int block);
 /* Ask the kernel to SIGKILL this process when its parent dies (PAM helper processes). */
 int ckh_set_parent_death_kill(void);
+/* Unix-socket addressing by path, so no Swift code fills a sockaddr_un by hand. Each returns
+   -1 with errno ENAMETOOLONG when the path does not fit sun_path. */
+int ckh_connect_unix(int fd, const char *path);
+int ckh_bind_unix(int fd, const char *path);
+long ckh_sendto_unix(int fd, const void *buf, unsigned long len, int flags, const char *path);
 #endif
