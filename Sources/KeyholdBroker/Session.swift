@@ -365,8 +365,12 @@ struct Session {
                      policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
                      reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
         }
-        for batch in BrokerMessage.itemBatches(infos) {
-            guard send(batch) else { return Response(.otherError) }
+        for payload in BrokerMessage.encodedItemBatches(infos) {
+            do throws(FrameError) {
+                try Frame.write(payload, to: fd)
+            } catch {
+                return Response(.otherError)
+            }
         }
         var r = Response(.ok, detail: found.damaged > 0 ? "\(found.damaged) damaged item(s) could not be read" : nil)
         r.count = UInt64(infos.count)

@@ -42,7 +42,10 @@ public struct Field {
         var at = offset + 5
         switch value {
         case .bytes(let b):
-            for byte in b { out[at] = byte; at += 1 }
+            b.withUnsafeBytes { raw in
+                if raw.count > 0 { (out.baseAddress! + at).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
+            }
+            at += b.count
         case .secret(let s):
             s.withUnsafeBytes { raw in
                 if raw.count > 0 { (out.baseAddress! + at).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
@@ -143,10 +146,13 @@ public struct FieldSet {
 
     private func decodeText(_ e: (tag: UInt8, start: Int, count: Int), maxBytes: Int) throws(FrameError) -> String {
         guard e.count <= maxBytes else { throw .malformed("text field \(e.tag) too long") }
-        let raw = bytes(e)
-        guard !raw.contains(0), let s = String(validating: raw, as: UTF8.self) else {
-            throw .malformed("text field \(e.tag) is not valid UTF-8")
+        // Validated straight from the frame buffer: no intermediate copy per field.
+        let decoded: String? = buffer.withUnsafeBytes { raw in
+            let slice = UnsafeRawBufferPointer(rebasing: raw[e.start..<(e.start + e.count)]).bindMemory(to: UInt8.self)
+            guard !slice.contains(0) else { return nil }
+            return String(validating: slice, as: UTF8.self)
         }
+        guard let s = decoded else { throw .malformed("text field \(e.tag) is not valid UTF-8") }
         return s
     }
 

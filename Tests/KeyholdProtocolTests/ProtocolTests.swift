@@ -65,6 +65,12 @@ import KeyholdCore
             if case .items(let i) = b { total += i.count }
         }
         #expect(total == 10)
+        // The prebuilt-fields path the broker uses encodes exactly the same frames.
+        let direct = BrokerMessage.encodedItemBatches(Array(repeating: item, count: 10))
+        #expect(direct.map(bytes) == batches.map { bytes($0.encode()) })
+        var decoded: [ItemInfo] = []
+        for p in direct { if case .items(let i) = try? BrokerMessage.decode(p) { decoded += i } }
+        #expect(decoded == Array(repeating: item, count: 10))
     }
 
     /// Hostile payloads: each must throw a FrameError, never crash, never decode to a request.
