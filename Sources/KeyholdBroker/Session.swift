@@ -320,6 +320,8 @@ struct Session {
         guard let ref = request.item else { return Response(.usage) }
         let item: StoredItem
         switch lookup(ref) {
+        case .failure(let d) where d.outcome == .integrityFailure:
+            return deleteDamaged(request, ref)
         case .failure(let d): return deny(request, .delete, item: nil, d)
         case .success(nil): return deny(request, .delete, item: nil, Denial(.notFound))
         case .success(let found?): item = found
@@ -347,33 +349,63 @@ struct Session {
         }
     }
 
-    private func list(_ request: Request) -> Response {
-        let listed: Result<(items: [StoredItem], damaged: Int), Denial> = broker.withStore { store in
+    /// `rm` of an item that no longer opens: the row the caller's own blind index names is
+    /// removed (the caller could remove the intact item just the same), recorded as an error
+    /// decision with the integrity outcome so the audit shows what happened.
+    private func deleteDamaged(_ request: Request, _ ref: ItemReference) -> Response {
+        let audit = event(request, .delete, decision: .error, outcome: .integrityFailure).record()
+        let result: Result<Void, Denial> = broker.withStore { store in
             do throws(StoreError) {
-                return .success(try store.items(owner: caller.uid))
+                try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+                return .success(())
             } catch {
                 return .failure(Denial(error.outcome))
             }
         }
-        guard case .success(let found) = listed else {
-            if case .failure(let d) = listed { return deny(request, .list, item: nil, d) }
-            return Response(.otherError)
+        switch result {
+        case .success:
+            broker.committed(audit, true)
+            return Response(.ok, detail: "the item was damaged; it has been removed")
+        case .failure(let d) where d.outcome == .auditUnavailable:
+            broker.committed(audit, false)
+            return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .delete, item: nil, d)
         }
+    }
+
+    /// Metadata of the caller's items, read and sent page by page: the store is held only
+    /// while a page is read, and the client decodes one page while the next is read.
+    private func list(_ request: Request) -> Response {
         guard broker.audit(event(request, .list, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
-        let infos = found.items.map { i in
-            ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
-                     policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
-                     reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
-        }
-        for payload in BrokerMessage.encodedItemBatches(infos) {
-            do throws(FrameError) {
-                try Frame.write(payload, to: fd)
-            } catch {
-                return Response(.otherError)
+        var cursor: VaultStore.ItemPageCursor?
+        var count = 0, damaged = 0
+        repeat {
+            let page: Result<(items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?), Denial> = broker.withStore { store in
+                do throws(StoreError) {
+                    return .success(try store.items(owner: caller.uid, after: cursor, limit: 2000))
+                } catch {
+                    return .failure(Denial(error.outcome))
+                }
             }
-        }
-        var r = Response(.ok, detail: found.damaged > 0 ? "\(found.damaged) damaged item(s) could not be read" : nil)
-        r.count = UInt64(infos.count)
+            guard case .success(let found) = page else { return Response(.otherError, detail: "the item list could not be read") }
+            let infos = found.items.map { i in
+                ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
+                         policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
+                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
+            }
+            for payload in BrokerMessage.encodedItemBatches(infos) {
+                do throws(FrameError) {
+                    try Frame.write(payload, to: fd)
+                } catch {
+                    return Response(.otherError)
+                }
+            }
+            count += infos.count
+            damaged += found.damaged
+            cursor = found.next
+        } while cursor != nil
+        var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
+        r.count = UInt64(count)
         return r
     }
 

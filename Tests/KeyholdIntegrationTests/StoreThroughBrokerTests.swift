@@ -178,6 +178,12 @@ import KeyholdTestSupport
             #expect(b.cli(["get", "other", "acct"]).stdoutText == "secret-of-other")
         }
         #expect(b.cli(["get", "third", "acct"]).stdoutText == "secret-of-third")
+        // A damaged item can be removed by its owner and stored again; nothing else is touched.
+        #expect(b.cli(["rm", "victim", "acct"]).status == 0)
+        #expect(b.cli(["state", "victim", "acct"]).stdoutText == "not-found\n")
+        #expect(b.cli(["put", "victim", "acct"], stdin: Array("fresh".utf8)).status == 0)
+        #expect(b.cli(["get", "victim", "acct"]).stdoutText == "fresh")
+        #expect(b.cli(["get", "third", "acct"]).stdoutText == "secret-of-third")
     }
 
     @Test func nothingInPlaintextInTheStateDirectory() throws {

@@ -283,17 +283,48 @@ public final class VaultStore {
     /// Every item of `owner` (metadata only), in creation order (rowid: `replace` keeps it), and how many of the owner's
     /// rows failed to open (damaged or altered; they are left out). One query, no per-row prepare.
     public func items(owner: UInt32) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        var all: [StoredItem] = []
+        var damaged = 0
+        var cursor: ItemPageCursor?
+        repeat {
+            let page = try items(owner: owner, after: cursor, limit: 10_000)
+            all += page.items
+            damaged += page.damaged
+            cursor = page.next
+        } while cursor != nil
+        return (all, damaged)
+    }
+
+    /// Where the next page of a listing starts (opaque to callers).
+    public struct ItemPageCursor: Sendable, Equatable {
+        let rowid: Int64
+    }
+
+    /// One page of the owner's items in storage order, and the cursor of the next page (nil
+    /// at the end). Paging lets the broker send a long listing while it reads the rest, and
+    /// release the store between pages so other callers are not held up.
+    public func items(owner: UInt32, after cursor: ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?) {
         var items: [StoredItem] = []
         var damaged = 0
+        var last: Int64?
+        var rows = 0
         do {
-            try db.withStatement("SELECT \(Self.itemColumns) FROM items WHERE owner_uid = ?1 ORDER BY rowid") { (s) throws(DatabaseError) in
+            try db.withStatement("""
+                SELECT \(Self.itemColumns), rowid FROM items WHERE owner_uid = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3
+                """) { (s) throws(DatabaseError) in
                 try s.bind(1, Int64(owner))
+                try s.bind(2, cursor?.rowid ?? Int64.min)
+                try s.bind(3, Int64(max(limit, 1)))
                 while try s.step() {
+                    rows += 1
+                    last = s.int64(12)
                     if let item = try? decode(ItemRow(s)), item.owner == owner { items.append(item) } else { damaged += 1 }
                 }
             }
         } catch { throw StoreError.from(error) }
-        return (items, damaged)
+        let next = rows >= max(limit, 1) ? last.map { ItemPageCursor(rowid: $0) } : nil
+        return (items, damaged, next)
     }
 
     /// Rejects what the store will not keep, before any work is done.
@@ -454,6 +485,28 @@ public final class VaultStore {
                 changed = try db.withStatement("DELETE FROM items WHERE id = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
                     try s.bind(1, blob: item.id.bytes)
                     try s.bind(2, Int64(item.owner))
+                    try s.step()
+                    return db.changes
+                }
+            } catch { throw StoreError.from(error) }
+            guard changed == 1 else { throw StoreError.notFound }
+            try writeAudit(audit)
+        }
+    }
+
+    /// Removes the row the caller's blind index points to when that row no longer opens (its
+    /// boxes were altered), so a damaged item can be cleared and stored again. Only a row whose
+    /// lookup and owner both match the caller is touched; `.notFound` otherwise. Like `delete`,
+    /// it needs no secret: the owner may always remove its own items.
+    public func deleteDamaged(owner: UInt32, service: String, account: String, audit: AuditRecord) throws(StoreError) {
+        try checkAuditSize(audit)
+        let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
+        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
+            let changed: Int
+            do throws(DatabaseError) {
+                changed = try db.withStatement("DELETE FROM items WHERE lookup = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
+                    try s.bind(1, blob: lookup.bytes)
+                    try s.bind(2, Int64(owner))
                     try s.step()
                     return db.changes
                 }
