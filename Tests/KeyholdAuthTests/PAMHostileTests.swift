@@ -186,7 +186,9 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
 
     @Test func moduleTextCannotCarryTerminalEscapes() {
         // info "\e[2J\x9b\x07ok\tgo\n", then a well-formed "success" done frame.
-        let (auth, dir) = fakeHelper("printf '\\020\\000\\000\\000\\017\\004\\033[2J\\302\\233\\007ok\\tgo\\n\\377' >&3; printf '\\021\\000\\000\\000\\005\\003\\000\\000\\000\\000' >&3")
+        // It reads a byte of the request first: a helper that exits before the broker has sent
+        // the request is (correctly) a failed helper, which would race with what is tested here.
+        let (auth, dir) = fakeHelper("head -c 1 <&3 >/dev/null; printf '\\020\\000\\000\\000\\017\\004\\033[2J\\302\\233\\007ok\\tgo\\n\\377' >&3; printf '\\021\\000\\000\\000\\005\\003\\000\\000\\000\\000' >&3")
         defer { try? FileManager.default.removeItem(atPath: dir) }
         var seen: [PAMMessage] = []
         let r = auth.authenticate(PAMRequest(service: "keyhold-passcode", user: "alice"),

@@ -189,7 +189,10 @@ public final class VaultStore {
     }
 
     /// Checks a row and opens its attributes. Every inconsistency is `.integrity`.
-    func decode(_ row: ItemRow) throws(StoreError) -> StoredItem {
+    /// `checkLookup`: a lookup by name must also prove the row's lookup column is the blind
+    /// index of its names (else a swapped lookup would answer for another item); a listing
+    /// shows each row under its own authenticated names and can skip that hash.
+    func decode(_ row: ItemRow, checkLookup: Bool = true) throws(StoreError) -> StoredItem {
         guard let id = ItemID(bytes: row.id),
               let owner = UInt32(exactly: row.owner),
               let kindRaw = UInt8(exactly: row.kind), let kind = ItemKind(rawValue: kindRaw),
@@ -217,8 +220,10 @@ public final class VaultStore {
         else { throw .integrity }
         // The lookup column must be the blind index of the names inside: a lookup swapped
         // between rows would otherwise return another item for a request.
-        let index = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        guard KeyedHash.equal(index.bytes, row.lookup) else { throw .integrity }
+        if checkLookup {
+            let index = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
+            guard KeyedHash.equal(index.bytes, row.lookup) else { throw .integrity }
+        }
         ad.service = service
         ad.account = account
         return StoredItem(id: id, owner: owner, service: service, account: account, label: label, kind: kind,
@@ -319,7 +324,7 @@ public final class VaultStore {
                 while try s.step() {
                     rows += 1
                     last = s.int64(12)
-                    if let item = try? decode(ItemRow(s)), item.owner == owner { items.append(item) } else { damaged += 1 }
+                    if let item = try? decode(ItemRow(s), checkLookup: false), item.owner == owner { items.append(item) } else { damaged += 1 }
                 }
             }
         } catch { throw StoreError.from(error) }
