@@ -7,7 +7,7 @@ packages=(
   libsodium-dev libpam0g-dev libsqlite3-dev   # the three C libraries Keyhold links
   libpam-wrapper                              # pam_matrix: the test/demo password module
   fprintd libpam-fprintd                      # fingerprint: the real daemon and PAM module
-  dbus-daemon python3-dbusmock python3-dbus   # private bus + polkit stand-in for fprintd tests
+  dbus dbus-daemon python3-dbusmock python3-dbus  # private bus + polkit stand-in for fprintd tests
   libglib2.0-bin                              # gdbus, used by the fingerprint test harness
   util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
   tmux                                        # a real terminal for the prompt tests
@@ -22,7 +22,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
-  $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -qq "${missing[@]}" >/dev/null
 fi
 
 if ! command -v swift >/dev/null 2>&1; then
