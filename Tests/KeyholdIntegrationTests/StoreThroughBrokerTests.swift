@@ -290,14 +290,9 @@ import KeyholdTestSupport
 
 /// Writes `bytes` to a new connection, half-closes, and returns what the broker answers.
 func rawExchange(_ socketPath: String, _ bytes: [UInt8]) -> [UInt8] {
-    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    let fd = connectUnixSocket(socketPath)
+    guard fd >= 0 else { return [] }
     defer { close(fd) }
-    var addr = sockaddr_un()
-    addr.sun_family = sa_family_t(AF_UNIX)
-    let path = Array(socketPath.utf8)
-    withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: path); raw[path.count] = 0 }
-    let len = socklen_t(MemoryLayout<sa_family_t>.size + path.count + 1)
-    guard withUnsafePointer(to: &addr, { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, len) } }) == 0 else { return [] }
     _ = bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
     shutdown(fd, Int32(SHUT_WR))
     var out: [UInt8] = []

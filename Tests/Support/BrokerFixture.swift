@@ -29,6 +29,21 @@ public enum TestPaths {
     }
 }
 
+/// A stream socket connected to `path`, or -1.
+public func connectUnixSocket(_ path: String) -> Int32 {
+    let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+    guard fd >= 0 else { return -1 }
+    var addr = sockaddr_un()
+    addr.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { close(fd); return -1 }
+    withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: bytes); raw[bytes.count] = 0 }
+    let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
+    let rc = withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, len) } }
+    guard rc == 0 else { close(fd); return -1 }
+    return fd
+}
+
 /// The result of running a command.
 public struct CommandResult: Sendable {
     public let status: Int32
@@ -193,14 +208,9 @@ public final class BrokerFixture: @unchecked Sendable {
     public var brokerLog: String { (try? String(contentsOfFile: directory + "/broker.log", encoding: .utf8)) ?? "" }
 
     func canConnect() -> Bool {
-        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
-        defer { close(fd) }
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(socketPath.utf8)
-        withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: bytes); raw[bytes.count] = 0 }
-        let len = socklen_t(MemoryLayout<sa_family_t>.size + bytes.count + 1)
-        return withUnsafePointer(to: &addr) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, len) } } == 0
+        let fd = connectUnixSocket(socketPath)
+        if fd >= 0 { close(fd) }
+        return fd >= 0
     }
 
     /// SIGTERM and wait: a clean shutdown.
