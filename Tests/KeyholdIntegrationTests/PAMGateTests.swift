@@ -60,6 +60,26 @@ import KeyholdTestSupport
         #expect(FileManager.default.fileExists(atPath: marker))
     }
 
+    /// PAM sees the kernel-verified caller: PAM_USER and PAM_RUSER from SO_PEERCRED's uid (never
+    /// a client-sent name), PAM_TTY only when the caller has a terminal, no PAM_RHOST locally.
+    @Test func pamItemsComeFromWhatTheBrokerVerified() throws {
+        let user = try TestUser()
+        let probe = try BrokerFixture()
+        probe.stop()
+        let log = probe.directory + "/pam-items"
+        let b = try BrokerFixture(passwords: ["root": right, user.name: "user-password"],
+                                  pamDirectory: try probe.pamDirectoryLoggingItems(to: log))
+        #expect(b.cli(["put", "p", "x", "--policy", "device-passcode"], stdin: [1], asUser: user.name).status == 0)
+        #expect(b.cli(["get", "p", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "user-password"), "USER": "root",
+                                                          "LOGNAME": "root", "PAM_USER": "root"], asUser: user.name).status == 0)
+        let items = try String(contentsOfFile: log, encoding: .utf8).split(separator: "\n").map(String.init)
+        #expect(items.contains("PAM_USER=\(user.name)"), "\(items)")
+        #expect(items.contains("PAM_RUSER=\(user.name)"))
+        #expect(items.contains("PAM_SERVICE=keyhold-passcode"))
+        #expect(!items.contains { $0.hasPrefix("PAM_TTY=") })     // setsid: no terminal
+        #expect(!items.contains { $0.hasPrefix("PAM_RHOST=") })
+    }
+
     @Test func reuseWindowHonouredExpiredAndLocked() throws {
         let b = try gatedFixture()
         #expect(b.cli(["put", "r", "x", "--policy", "device-passcode", "--reuse", "2"], stdin: Array("rv".utf8)).status == 0)

@@ -47,7 +47,10 @@ import KeyholdTestSupport
     }
 
     @Test func promptsOnTheTerminalSecretOnStdoutOnly() throws {
-        let b = try BrokerFixture(passwords: ["root": "tty-password"])
+        let probe = try BrokerFixture()
+        probe.stop()
+        let items = probe.directory + "/pam-items"
+        let b = try BrokerFixture(passwords: ["root": "tty-password"], pamDirectory: try probe.pamDirectoryLoggingItems(to: items))
         let tmux = Tmux()
         let out = b.directory + "/out"
         let kh = "\(TestPaths.keyhold) --socket \(b.socketPath)"
@@ -67,6 +70,8 @@ import KeyholdTestSupport
         #expect(!screen.contains("typed-secret-value") && !screen.contains("tty-password"), "echo must be off: \(screen)")
         #expect(screen.contains("ECHO-ON"), "terminal echo restored: \(screen)")
         #expect(try String(contentsOfFile: out, encoding: .utf8) == "typed-secret-value")
+        // PAM was told the caller's terminal, as the broker read it from /proc.
+        #expect(try String(contentsOfFile: items, encoding: .utf8).split(separator: "\n").contains { $0.hasPrefix("PAM_TTY=/dev/pts/") })
     }
 
     @Test func controlCAtAPromptCancelsAndRestoresTheTerminal() throws {

@@ -297,13 +297,21 @@ extension BrokerFixture {
     /// A PAM directory copied from `pam/test`, with a marker module first in every auth stack:
     /// pam_exec touches `marker` whenever PAM runs the stack at all.
     public func pamDirectoryWithMarker(_ marker: String) throws -> String {
-        let dir = directory + "/pam-marked"
+        try pamDirectory(prependingToAuth: "auth optional pam_exec.so quiet /usr/bin/touch \(marker)")
+    }
+
+    /// A PAM directory copied from `pam/test` whose auth stacks first log the PAM items pam_exec
+    /// exports (PAM_USER, PAM_RUSER, PAM_TTY, PAM_RHOST, …) to `log`.
+    public func pamDirectoryLoggingItems(to log: String) throws -> String {
+        try pamDirectory(prependingToAuth: "auth optional pam_exec.so quiet log=\(log) /usr/bin/env")
+    }
+
+    func pamDirectory(prependingToAuth line: String) throws -> String {
+        let dir = directory + "/pam-\(abs(line.hashValue) % 100000)"
         try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)
         for name in try FileManager.default.contentsOfDirectory(atPath: pamDirectory) {
             var text = try String(contentsOfFile: pamDirectory + "/" + name, encoding: .utf8)
-            if name.hasPrefix("keyhold") {
-                text = "auth optional pam_exec.so quiet /usr/bin/touch \(marker)\n" + text
-            }
+            if name.hasPrefix("keyhold") { text = line + "\n" + text }
             try text.write(toFile: dir + "/" + name, atomically: true, encoding: .utf8)
         }
         return dir
