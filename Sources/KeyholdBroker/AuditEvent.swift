@@ -16,7 +16,7 @@ struct AuditEvent {
     let outcome: Outcome
 
     func record() -> AuditRecord {
-        AuditRecord(time: Clock.microseconds(), callerUID: caller.uid, callerPID: caller.pid, executable: caller.executable,
+        AuditRecord(time: currentMicroseconds(), callerUID: caller.uid, callerPID: caller.pid, executable: caller.executable,
                     operation: operation, itemID: itemID, service: item?.service, account: item?.account,
                     decision: decision, method: method, reason: reason, outcome: outcome)
     }

@@ -50,7 +50,7 @@ public final class Broker: Sendable {
 
     func recordFailure(uid: UInt32) {
         withStore { store in
-            let now = Clock.microseconds()
+            let now = currentMicroseconds()
             let current = (try? store.lockout(uid: uid)) ?? LockoutRecord(uid: uid)
             try? store.setLockout(ReleaseGate.afterFailure(current, now: now))
         }

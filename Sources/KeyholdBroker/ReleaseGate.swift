@@ -134,7 +134,7 @@ final class ReleaseGate: Sendable {
             return .failure(Denial(.invalidated))
         }
         var method = AuthMethod.none
-        let now = Clock.microseconds()
+        let now = currentMicroseconds()
         if constraints.isEmpty && !policy.requiresAppPassword { return .success(method) }
 
         if let left = Self.lockoutLeft(lockout, now: now) {
@@ -185,10 +185,10 @@ final class ReleaseGate: Sendable {
             reuse.withLock {
                 let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
                 var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
-                if grant.at != 0 && Clock.microseconds() - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
+                if grant.at != 0 && currentMicroseconds() - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
                     grant = ReuseGrant(at: 0, fingerprint: false, password: false)
                 }
-                grant.at = Clock.microseconds()
+                grant.at = currentMicroseconds()
                 grant.fingerprint = grant.fingerprint || method.factors.contains(.fingerprint)
                 grant.password = grant.password || method.factors.contains(.password)
                 $0[key] = grant
@@ -226,13 +226,5 @@ final class ReleaseGate: Sendable {
             return .success([.biometry])
         }
         return .success([.passcode])
-    }
-}
-
-enum Clock {
-    static func microseconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_REALTIME, &ts)
-        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
     }
 }

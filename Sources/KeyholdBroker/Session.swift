@@ -415,7 +415,7 @@ struct Session {
         let lockout = broker.withStore { store -> LockoutRecord in
             (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
         }
-        r.secondsLeft = ReleaseGate.lockoutLeft(lockout, now: Clock.microseconds())
+        r.secondsLeft = ReleaseGate.lockoutLeft(lockout, now: currentMicroseconds())
         switch lookup(ref) {
         case .failure(let d): return deny(request, .state, item: nil, d)
         case .success(nil):
@@ -428,7 +428,7 @@ struct Session {
             let domain: BiometryDomainState = biometric ? gate.domainState(user: caller.userName) : .noneEnrolled
             if let constraints = gate.effectiveConstraints(item, state: domain) {
                 let free = constraints.isEmpty
-                    || gate.reuseGrant(for: caller, item: item, constraints: constraints, now: Clock.microseconds())
+                    || gate.reuseGrant(for: caller, item: item, constraints: constraints, now: currentMicroseconds())
                 r.state = free && !item.access.policy.requiresAppPassword ? "available" : "requires-authentication"
             } else {
                 r.state = "invalidated"

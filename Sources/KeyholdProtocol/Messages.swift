@@ -356,19 +356,9 @@ extension ClientMessage {
             let headerTags = RequestTag.exportHeader.filter { fs.has($0) }
             if op == .auditVerifyExport {
                 guard headerTags.count == RequestTag.exportHeader.count else { throw .malformed("export verification needs its header") }
-                func mac(_ tag: UInt8) throws(FrameError) -> [UInt8] {
-                    guard let b = try fs.opaque(tag, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {
-                        throw .malformed("export header MAC of the wrong size")
-                    }
-                    return b
-                }
-                guard let start = try fs.number(RequestTag.startSeq), let through = try fs.number(RequestTag.throughSeq),
-                      start <= UInt64(Int64.max), through <= UInt64(Int64.max), through >= start else {
-                    throw .malformed("export header range")
-                }
-                r.exportHeader = AuditExportHeader(startSeq: Int64(start), startMAC: try mac(RequestTag.startMAC),
-                                                   throughSeq: Int64(through), throughMAC: try mac(RequestTag.throughMAC),
-                                                   tag: try mac(RequestTag.exportTag))
+                r.exportHeader = try fs.exportHeader(startSeq: RequestTag.startSeq, startMAC: RequestTag.startMAC,
+                                                     throughSeq: RequestTag.throughSeq, throughMAC: RequestTag.throughMAC,
+                                                     tag: RequestTag.exportTag)
             } else if !headerTags.isEmpty {
                 throw .malformed("export header outside an export verification")
             }
@@ -568,19 +558,9 @@ extension BrokerMessage {
             return .auditEntries(entries)
         case MessageType.exportHeader:
             let fs = try FieldSet.payload(payload, allowed: ExportHeaderTag.all)
-            func mac(_ tag: UInt8) throws(FrameError) -> [UInt8] {
-                guard let b = try fs.opaque(tag, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {
-                    throw .malformed("export header MAC of the wrong size")
-                }
-                return b
-            }
-            guard let start = try fs.number(ExportHeaderTag.startSeq), let through = try fs.number(ExportHeaderTag.throughSeq),
-                  start <= UInt64(Int64.max), through <= UInt64(Int64.max), through >= start else {
-                throw .malformed("export header range")
-            }
-            return .auditExportHeader(AuditExportHeader(startSeq: Int64(start), startMAC: try mac(ExportHeaderTag.startMAC),
-                                                        throughSeq: Int64(through), throughMAC: try mac(ExportHeaderTag.throughMAC),
-                                                        tag: try mac(ExportHeaderTag.tag)))
+            return .auditExportHeader(try fs.exportHeader(startSeq: ExportHeaderTag.startSeq, startMAC: ExportHeaderTag.startMAC,
+                                                          throughSeq: ExportHeaderTag.throughSeq, throughMAC: ExportHeaderTag.throughMAC,
+                                                          tag: ExportHeaderTag.tag))
         case MessageType.response:
             let fs = try FieldSet.payload(payload, allowed: ResponseTag.all, repeatable: [ResponseTag.finger])
             guard let o = try fs.number(ResponseTag.outcome), o <= 255, let outcome = Outcome(rawValue: UInt8(o)) else {
@@ -598,5 +578,25 @@ extension BrokerMessage {
         default:
             throw .unexpectedMessage
         }
+    }
+}
+
+extension FieldSet {
+    /// An audit export header under the given tags: a request carries it beside its own
+    /// fields, the broker's header message alone; both are checked the same way here.
+    fileprivate func exportHeader(startSeq: UInt8, startMAC: UInt8, throughSeq: UInt8, throughMAC: UInt8,
+                                  tag: UInt8) throws(FrameError) -> AuditExportHeader {
+        func mac(_ t: UInt8) throws(FrameError) -> [UInt8] {
+            guard let b = try opaque(t, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {
+                throw .malformed("export header MAC of the wrong size")
+            }
+            return b
+        }
+        guard let start = try number(startSeq), let through = try number(throughSeq),
+              start <= UInt64(Int64.max), through <= UInt64(Int64.max), through >= start else {
+            throw .malformed("export header range")
+        }
+        return AuditExportHeader(startSeq: Int64(start), startMAC: try mac(startMAC), throughSeq: Int64(through),
+                                 throughMAC: try mac(throughMAC), tag: try mac(tag))
     }
 }
