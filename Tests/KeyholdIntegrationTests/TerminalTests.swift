@@ -66,6 +66,8 @@ import KeyholdTestSupport
         #expect(tmux.screen.contains("asks for tty / acct: terminal-test"))
         tmux.keys("tty-password", "Enter")
         #expect(tmux.waitFor("get=0"), "\(tmux.screen)")
+        // The echo check prints after get=0: wait for it, not just for get's status.
+        #expect(tmux.waitFor("ECHO-"), "\(tmux.screen)")
         let screen = tmux.screen
         #expect(!screen.contains("typed-secret-value") && !screen.contains("tty-password"), "echo must be off: \(screen)")
         #expect(screen.contains("ECHO-ON"), "terminal echo restored: \(screen)")
