@@ -35,7 +35,7 @@ let package = Package(
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 
         // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
-        .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore"]),
+        .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS"]),
 
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
         .executableTarget(name: "keyhold", dependencies: ["KeyholdCLI"]),

@@ -8,6 +8,9 @@
 #include <sys/un.h>
 #include <string.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <unistd.h>
 #include "ckeyholdos.h"
 
 int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid) {
@@ -20,6 +23,10 @@ int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid) {
 int ckh_set_dumpable(int on) { return prctl(PR_SET_DUMPABLE, (unsigned long)on, 0UL, 0UL, 0UL); }
 int ckh_get_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL); }
 int ckh_accept_cloexec(int fd) { return accept4(fd, NULL, NULL, SOCK_CLOEXEC); }
+int ckh_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
+int ckh_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, from);
+}
 int ckh_block_sigint(int block) {
     sigset_t set;
     sigemptyset(&set);

@@ -128,13 +128,12 @@ public final class PAMAuthenticator: Sendable {
 
 /// Frames from the helper, parsed strictly from a bounded buffer filled without blocking.
 struct PAMFrameReader {
-    /// Module text is shown on the caller's terminal: invalid UTF-8 becomes U+FFFD and control
-    /// characters other than tab and newline (escape sequences) are dropped.
+    /// Module text is shown on the caller's terminal: invalid UTF-8 becomes U+FFFD and what
+    /// `Printable` would escape, other than tab and newline (escape sequences), is dropped.
     static func displayable(_ bytes: ArraySlice<UInt8>) -> String {
         var scalars = String.UnicodeScalarView()
         for u in String(decoding: bytes, as: UTF8.self).unicodeScalars {
-            let v = u.value
-            if v == 0x09 || v == 0x0A || (v >= 0x20 && v != 0x7F && !(0x80...0x9F).contains(v)) { scalars.append(u) }
+            if u == "\t" || u == "\n" || !Printable.needsEscape(u) { scalars.append(u) }
         }
         return String(scalars)
     }

@@ -26,7 +26,7 @@ final class AuditSyslog: Sendable {
 
     func line(for r: AuditRecord) -> String {
         var text = "audit op=\(r.operation.rawValue) decision=\(r.decision.rawValue) outcome=\(r.outcome.name) method=\(r.method)"
-        text += " item=\(r.itemID?.description ?? "-") uid=\(r.callerUID) pid=\(r.callerPID) exe=\(Self.printable(r.executable))"
+        text += " item=\(r.itemID?.description ?? "-") uid=\(r.callerUID) pid=\(r.callerPID) exe=\(Printable.escape(r.executable, escapingSpaces: true))"
         return text
     }
 
@@ -44,14 +44,5 @@ final class AuditSyslog: Sendable {
         let datagram = "<\(Self.priority)>\(String(decoding: stamp[0..<n], as: UTF8.self)) keyholdd[\(getpid())]: \(message)"
         let bytes = Array(datagram.utf8)
         _ = bytes.withUnsafeBytes { ckh_sendto_unix(fd, $0.baseAddress, UInt($0.count), Int32(MSG_DONTWAIT | MSG_NOSIGNAL), socketPath) }
-    }
-
-    /// Control characters escaped, spaces too, so one entry is one unambiguous line.
-    static func printable(_ s: String) -> String {
-        var out = ""
-        for u in s.unicodeScalars {
-            if u.value <= 0x20 || u.value == 0x7f || u == "\\" { out += "\\x" + String(u.value, radix: 16) } else { out.unicodeScalars.append(u) }
-        }
-        return out
     }
 }

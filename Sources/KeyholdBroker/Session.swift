@@ -115,10 +115,9 @@ struct Session {
             recordSuccess: { broker.recordSuccess(uid: caller.uid) },
             interruptFD: fd,
             announce: {
-                // Who is asking and why, from what the broker verified, before any prompt.
-                var text = "keyhold: \(caller.executable) (pid \(caller.pid)) asks for \(item.service) / \(item.account)"
-                if let reason = request.reason, !reason.isEmpty { text += ": \(reason)" }
-                return send(.notice(Notice(style: .info, text: text)))
+                // Who is asking (verified) and why (the caller's words), as separate fields, before any prompt.
+                send(.notice(Notice(announcing: Announcement(executable: caller.executable, pid: caller.pid, service: item.service,
+                                                             account: item.account, reason: request.reason))))
             },
             conversation: relay)
     }

@@ -54,7 +54,7 @@ enum AuditCommands {
             } else if follow {
                 // Streaming: no column alignment across batches, tab-separated instead.
                 if !printedHeader { Output.out(header.joined(separator: "\t") + "\n"); printedHeader = true }
-                for e in entries { Output.out(row(e).map(Output.printable).joined(separator: "\t") + "\n") }
+                for e in entries { Output.out(row(e).map { Printable.escape($0) }.joined(separator: "\t") + "\n") }
             } else {
                 Output.out(Output.table((printedHeader ? [] : [header]) + entries.map(row)))
                 printedHeader = true
@@ -70,7 +70,7 @@ enum AuditCommands {
             Output.out("audit chain verified: \(v.count) entries\n")
             return 0
         }
-        Output.out("audit chain BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(v.problem ?? "altered")\n")
+        Output.out("audit chain BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(Printable.escape(v.problem ?? "altered"))\n")
         return Int32(Outcome.integrityFailure.rawValue)
     }
 
@@ -161,9 +161,9 @@ enum AuditCommands {
             return 0
         }
         if v.firstBadSeq == 0 || v.problem == AuditExportProblem.header.rawValue {
-            Output.out("export BROKEN at its header: \(v.problem ?? "altered")\n")
+            Output.out("export BROKEN at its header: \(Printable.escape(v.problem ?? "altered"))\n")
         } else {
-            Output.out("export BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(v.problem ?? "altered")\n")
+            Output.out("export BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(Printable.escape(v.problem ?? "altered"))\n")
         }
         return broken
     }

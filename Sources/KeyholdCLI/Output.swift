@@ -1,10 +1,13 @@
 import Glibc
+import KeyholdCore
+import KeyholdProtocol
 
 enum Output {
     static func out(_ text: String) { write(1, text) }
 
-    /// One clear line on stderr.
-    static func err(_ text: String) { write(2, "keyhold: \(text)\n") }
+    /// One clear line on stderr. Escaped whole: messages quote arguments, paths and the
+    /// broker's words, any of which a caller may have chosen.
+    static func err(_ text: String) { write(2, "keyhold: \(Printable.escape(text))\n") }
 
     static func write(_ fd: Int32, _ text: String) {
         var bytes = Array(text.utf8)
@@ -17,10 +20,10 @@ enum Output {
         }
     }
 
-    /// Columns padded to their widest cell. Control characters in names are shown escaped so a
-    /// crafted service name cannot rewrite the terminal.
+    /// Columns padded to their widest cell. Every cell is escaped so a crafted service name,
+    /// reason or executable cannot rewrite the terminal.
     static func table(_ rows: [[String]]) -> String {
-        let clean = rows.map { $0.map(printable) }
+        let clean = rows.map { $0.map { Printable.escape($0) } }
         var widths = [Int](repeating: 0, count: clean.first?.count ?? 0)
         for r in clean { for (i, cell) in r.enumerated() { widths[i] = max(widths[i], cell.count) } }
         var out = ""
@@ -33,13 +36,54 @@ enum Output {
         }
         return out
     }
+}
 
-    static func printable(_ s: String) -> String {
-        var out = ""
-        for u in s.unicodeScalars {
-            if u.value < 0x20 || u.value == 0x7f { out += "\\x" + String(u.value, radix: 16) } else { out.unicodeScalars.append(u) }
-        }
+/// What the CLI draws on the terminal during a conversation with the broker. Caller-supplied
+/// text is escaped (`Printable`) and cut short; the executable the broker verified comes last,
+/// on a line of its own, right above the prompt, where nothing the caller chose can reach it.
+extension Output {
+    /// How much of a caller's reason, service and account the announce shows.
+    static let reasonLimit = 100, nameLimit = 60
+    /// A longer executable path shows its start and its end, so neither can be pushed away.
+    static let executableLimit = 160
+
+    static func announcement(_ a: Announcement) -> String {
+        var out = "keyhold: \(Printable.escape(a.service, limit: nameLimit)) / \(Printable.escape(a.account, limit: nameLimit)) requested"
+        if let reason = a.reason, !reason.isEmpty { out += ", reason: \(Printable.escape(reason, limit: reasonLimit))" }
+        out += "\nkeyhold: by \(elided(Printable.escape(a.executable), to: executableLimit)) (pid \(a.pid))\n"
         return out
+    }
+
+    /// A prompt's text. An application-password prompt quotes the item's names (the caller's
+    /// words), so it is escaped whole; an authentication prompt is a PAM module's text, kept
+    /// on its lines.
+    static func promptText(_ p: Prompt) -> String {
+        switch p.purpose {
+        case .appPassword: Printable.escape(p.text, limit: 2 * nameLimit + 40)
+        case .authentication: moduleLines(p.text)
+        }
+    }
+
+    /// A PAM module's message (the broker has already dropped control characters from it),
+    /// ending in a newline.
+    static func moduleText(_ text: String) -> String {
+        let lines = moduleLines(text)
+        return lines.hasSuffix("\n") ? lines : lines + "\n"
+    }
+
+    private static func moduleLines(_ text: String) -> String {
+        text.split(separator: "\n", omittingEmptySubsequences: false).map { Printable.escape(String($0), limit: 200) }.joined(separator: "\n")
+    }
+
+    /// `text` whole when short enough, else its start, `…` and its end.
+    static func elided(_ text: String, to limit: Int) -> String {
+        let scalars = Array(text.unicodeScalars)
+        guard scalars.count > limit else { return text }
+        let head = limit / 3, tail = limit - head - 1
+        var out = String.UnicodeScalarView(scalars[0..<head])
+        out.append("…")
+        out.append(contentsOf: scalars[(scalars.count - tail)...])
+        return String(out)
     }
 }
 
@@ -71,9 +115,12 @@ indirect enum JSON {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             default:
-                if u.value < 0x20 || u.value == 0x7f {
-                    let hex = String(u.value, radix: 16)
-                    out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                // The same characters the terminal output escapes, as JSON escapes (lossless).
+                if Printable.needsEscape(u) {
+                    for unit in u.utf16 {
+                        let hex = String(unit, radix: 16)
+                        out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+                    }
                 } else {
                     out.unicodeScalars.append(u)
                 }

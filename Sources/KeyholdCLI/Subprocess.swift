@@ -1,3 +1,4 @@
+import CKeyholdOS
 import Glibc
 
 /// Starting a child program without Foundation: posix_spawn with an explicit argv and
@@ -12,6 +13,9 @@ enum Subprocess {
         if let fd = stdinFD { posix_spawn_file_actions_adddup2(&actions, fd, 0) }
         if let fd = stdoutFD { posix_spawn_file_actions_adddup2(&actions, fd, 1) }
         if let fd = stderrFD { posix_spawn_file_actions_adddup2(&actions, fd, 2) }
+        // The child gets standard input, output and error, nothing else: not our pipes or
+        // sockets, nor a descriptor our own parent left open without close-on-exec.
+        ckh_spawn_closefrom(&actions, 3)
         let argv = ([path] + arguments).map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
         let envStrings = environment ?? currentEnvironment()
@@ -28,8 +32,29 @@ enum Subprocess {
         while waitpid(pid, &status, 0) < 0 {
             if errno != EINTR { return nil }
         }
-        // WIFEXITED / WEXITSTATUS are macros Swift does not import.
-        return status & 0x7f == 0 ? (status >> 8) & 0xff : nil
+        return exitStatus(status)
+    }
+
+    /// Waits for `pid` until `deadline` (a `MonotonicClock.milliseconds` value), then kills it. The exit
+    /// status, or nil if it died from a signal or was killed.
+    static func wait(_ pid: pid_t, deadline: Int64) -> Int32? {
+        while true {
+            var status: Int32 = 0
+            let r = waitpid(pid, &status, WNOHANG)
+            if r == pid { return exitStatus(status) }
+            if r < 0 && errno != EINTR { return nil }
+            if MonotonicClock.milliseconds() >= deadline {
+                kill(pid, SIGKILL)
+                _ = wait(pid)
+                return nil
+            }
+            usleep(10_000)
+        }
+    }
+
+    // WIFEXITED / WEXITSTATUS are macros Swift does not import.
+    private static func exitStatus(_ status: Int32) -> Int32? {
+        status & 0x7f == 0 ? (status >> 8) & 0xff : nil
     }
 
     static func currentEnvironment() -> [String] {
@@ -40,5 +65,14 @@ enum Subprocess {
             p += 1
         }
         return out
+    }
+}
+
+/// Monotonic time for deadlines (the wall clock may jump).
+enum MonotonicClock {
+    static func milliseconds() -> Int64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 }

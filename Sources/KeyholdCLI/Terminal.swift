@@ -36,22 +36,55 @@ enum Terminal {
         _ = text.withCString { Glibc.write(fd, $0, strlen($0)) }
     }
 
-    /// Reads one line from `fd` into guarded memory, echo off when asked. Nil on end of input
-    /// (Ctrl-D), which the caller treats as cancel.
-    static func readLine(_ fd: Int32, echo: Bool) -> SecureBytes? {
+    /// Turns echo off on `fd` until `restore`: from the broker's announce on, keys typed before
+    /// a prompt appears (while the PAM helper starts) are not shown, and each prompt flushes
+    /// them so they cannot become an answer either. False if it was off already or `fd` is not
+    /// a terminal.
+    @discardableResult
+    static func echoOff(_ fd: Int32) -> Bool {
+        guard savedTerminal == nil else { return false }
         var settings = termios()
-        let isTTY = tcgetattr(fd, &settings) == 0
-        if isTTY && !echo {
-            savedTerminal = (fd, settings)
-            var quiet = settings
-            quiet.c_lflag &= ~tcflag_t(ECHO)
-            quiet.c_lflag |= tcflag_t(ECHONL)
-            tcsetattr(fd, TCSAFLUSH, &quiet)
+        guard tcgetattr(fd, &settings) == 0 else { return false }
+        savedTerminal = (fd, settings)
+        var quiet = settings
+        quiet.c_lflag &= ~tcflag_t(ECHO | ECHONL)
+        tcsetattr(fd, TCSAFLUSH, &quiet)
+        return true
+    }
+
+    /// Puts back the settings `echoOff` or `readLine` saved for `fd`, discarding unread input
+    /// (keys typed without echo must not reach the shell next).
+    static func restore(_ fd: Int32) {
+        guard var saved = savedTerminal, saved.fd == fd else { return }
+        tcsetattr(fd, TCSAFLUSH, &saved.settings)
+        savedTerminal = nil
+    }
+
+    /// Reads one line from `fd` into guarded memory, echo off when asked. Nil on end of input
+    /// (Ctrl-D), which the caller treats as cancel. Input typed before the prompt is discarded.
+    /// Inside an `echoOff` span, echo stays off afterwards.
+    static func readLine(_ fd: Int32, echo: Bool) -> SecureBytes? {
+        var current = termios()
+        let isTTY = tcgetattr(fd, &current) == 0
+        let withinQuiet = savedTerminal?.fd == fd
+        if isTTY && (withinQuiet || !echo) {
+            if !withinQuiet { savedTerminal = (fd, current) }
+            var mode = savedTerminal!.settings
+            if echo {
+                mode.c_lflag |= tcflag_t(ECHO)
+            } else {
+                mode.c_lflag &= ~tcflag_t(ECHO)
+                mode.c_lflag |= tcflag_t(ECHONL)
+            }
+            tcsetattr(fd, TCSAFLUSH, &mode)
         }
         defer {
-            if isTTY && !echo {
-                tcsetattr(fd, TCSAFLUSH, &settings)
-                savedTerminal = nil
+            if isTTY && withinQuiet {
+                var quiet = savedTerminal!.settings
+                quiet.c_lflag &= ~tcflag_t(ECHO | ECHONL)
+                tcsetattr(fd, TCSAFLUSH, &quiet)
+            } else if isTTY && !echo {
+                restore(fd)
             }
         }
         return readSecret(fd, stopAtNewline: true, limit: Limits.maxAnswerBytes)
@@ -90,9 +123,8 @@ enum Terminal {
     }
 }
 
-/// Prompts on the controlling terminal, or through `KEYHOLD_ASKPASS` when it is set (in the
-/// manner of SSH_ASKPASS): the program gets the prompt as its only argument, prints the answer
-/// on one line, and a non-zero exit means the person canceled.
+/// Prompts on the controlling terminal, or through `KEYHOLD_ASKPASS` when it is set (see
+/// `Askpass`). Everything shown is escaped (`Output.announcement`, `Output.promptText`).
 final class PromptInteraction: Interaction {
     let tty: Int32?
     let askpass: String?
@@ -111,42 +143,47 @@ final class PromptInteraction: Interaction {
         }
     }
 
-    deinit { if let tty { close(tty) } }
+    deinit {
+        if let tty {
+            Terminal.restore(tty)
+            close(tty)
+        }
+    }
 
     func answer(_ prompt: Prompt) -> SecureBytes? {
-        if let askpass { return Askpass.ask(askpass, prompt: prompt.text) }
+        let text = Output.promptText(prompt)
+        if let askpass { return Askpass.ask(askpass, prompt: text) }
         guard let tty else { return nil }
-        Terminal.write(tty, prompt.text)
+        Terminal.write(tty, text)
         return Terminal.readLine(tty, echo: prompt.style == .echoOn)
     }
 
     func show(_ notice: Notice) {
-        let line = notice.text.hasSuffix("\n") ? notice.text : notice.text + "\n"
-        Terminal.write(tty ?? 2, line)
-    }
-
-    /// Asks twice (for a new secret or app password); nil on cancel, an error on mismatch.
-    func askTwice(_ text: String) -> Result<SecureBytes, KeyholdError> {
-        guard let first = answer(Prompt(style: .echoOff, purpose: .appPassword, text: text)) else { return .failure(.userCanceled) }
-        guard let second = answer(Prompt(style: .echoOff, purpose: .appPassword, text: "Again: ")) else { return .failure(.userCanceled) }
-        guard first.constantTimeEquals(second) else { return .failure(.invalidRequest("the two entries differ")) }
-        return .success(first)
-    }
-}
-
-enum Askpass {
-    static func ask(_ program: String, prompt: String) -> SecureBytes? {
-        var fds: [Int32] = [0, 0]
-        guard pipe(&fds) == 0 else { return nil }
-        guard let pid = Subprocess.spawn(program, [prompt], stdoutFD: fds[1]) else {
-            close(fds[0]); close(fds[1])
-            return nil
+        guard let announcement = notice.announcement else {
+            Terminal.write(tty ?? 2, Output.moduleText(notice.text))
+            return
         }
-        close(fds[1])
-        let answer = Terminal.readSecret(fds[0], stopAtNewline: true, limit: Limits.maxAnswerBytes)
-        close(fds[0])
-        let status = Subprocess.wait(pid)
-        guard status == 0 else { answer?.wipe(); return nil }
-        return answer ?? SecureBytes(count: 0)
+        // A prompt follows the announce: echo goes off before it is drawn (and stays off until
+        // this interaction ends), so type-ahead while the PAM helper starts is never shown.
+        if let tty { Terminal.echoOff(tty) }
+        Terminal.write(tty ?? 2, Output.announcement(announcement))
+    }
+
+    /// Asks twice (for a new secret or app password); nil on cancel, an error on mismatch. Echo
+    /// stays off between the two entries too.
+    func askTwice(_ text: String) -> Result<SecureBytes, KeyholdError> {
+        let quiet = tty.map { Terminal.echoOff($0) } ?? false
+        defer { if quiet, let tty { Terminal.restore(tty) } }
+        guard let first = answer(Prompt(style: .echoOff, purpose: .appPassword, text: text)) else { return .failure(.userCanceled) }
+        guard let second = answer(Prompt(style: .echoOff, purpose: .appPassword, text: "Again: ")) else {
+            first.wipe()
+            return .failure(.userCanceled)
+        }
+        defer { second.wipe() }
+        guard first.constantTimeEquals(second) else {
+            first.wipe()
+            return .failure(.invalidRequest("the two entries differ"))
+        }
+        return .success(first)
     }
 }

@@ -69,9 +69,45 @@ public struct Notice: Sendable {
     public enum Style: UInt8, Sendable { case info = 0, error = 1 }
     public let style: Style
     public let text: String
-    public init(style: Style, text: String) {
+    /// Set on the broker's announce before an authentication; `text` then says the same for a
+    /// client that shows only text.
+    public let announcement: Announcement?
+    public init(style: Style, text: String, announcement: Announcement? = nil) {
         self.style = style
         self.text = text
+        self.announcement = announcement
+    }
+
+    public init(announcing a: Announcement) {
+        var text = "keyhold: \(a.executable) (pid \(a.pid)) asks for \(a.service) / \(a.account)"
+        if let reason = a.reason, !reason.isEmpty { text += ": \(reason)" }
+        // The summary must fit a text field; the fields themselves are whole.
+        var fitted = String.UnicodeScalarView()
+        var bytes = 0
+        for u in text.unicodeScalars {
+            bytes += UTF8.width(u)
+            if bytes > Limits.maxTextBytes { break }
+            fitted.append(u)
+        }
+        self.init(style: .info, text: String(fitted), announcement: a)
+    }
+}
+
+/// Who asks for an item, as the broker verified it (the executable and pid the kernel gave
+/// it), and what the caller said (names and reason), in separate fields: a client shows the
+/// caller's words escaped and the verified executable where they cannot reach it.
+public struct Announcement: Sendable, Equatable {
+    public let executable: String
+    public let pid: Int32
+    public let service: String
+    public let account: String
+    public let reason: String?
+    public init(executable: String, pid: Int32, service: String, account: String, reason: String?) {
+        self.executable = executable
+        self.pid = pid
+        self.service = service
+        self.account = account
+        self.reason = reason
     }
 }
 
@@ -193,6 +229,12 @@ private enum MessageType {
     static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3, auditRows: UInt8 = 4, auditRowsEnd: UInt8 = 5
     static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
     static let exportHeader: UInt8 = 15
+}
+
+private enum NoticeTag {
+    static let style: UInt8 = 1, text: UInt8 = 2, executable: UInt8 = 3, pid: UInt8 = 4, service: UInt8 = 5, account: UInt8 = 6
+    static let reason: UInt8 = 7
+    static let all: Set<UInt8> = Set(1...7)
 }
 
 private enum RequestTag {
@@ -377,7 +419,13 @@ extension BrokerMessage {
                 .number(1, UInt64(p.style.rawValue)), .number(2, UInt64(p.purpose.rawValue)), .text(3, p.text),
             ])
         case .notice(let n):
-            return PayloadEncoder.encode(type: MessageType.notice, fields: [.number(1, UInt64(n.style.rawValue)), .text(2, n.text)])
+            var fields: [Field] = [.number(NoticeTag.style, UInt64(n.style.rawValue)), .text(NoticeTag.text, n.text)]
+            if let a = n.announcement {
+                fields += [.text(NoticeTag.executable, a.executable), .number(NoticeTag.pid, UInt64(UInt32(bitPattern: a.pid))),
+                           .text(NoticeTag.service, a.service), .text(NoticeTag.account, a.account)]
+                if let reason = a.reason { fields.append(.text(NoticeTag.reason, reason)) }
+            }
+            return PayloadEncoder.encode(type: MessageType.notice, fields: fields)
         case .items(let items):
             return PayloadEncoder.encode(type: MessageType.items, fields: items.map { Field(ListTag.entry, .nested(Self.fields(of: $0))) })
         case .auditEntries(let entries):
@@ -530,9 +578,19 @@ extension BrokerMessage {
             }
             return .prompt(Prompt(style: style, purpose: purpose, text: try fs.requiredText(3)))
         case MessageType.notice:
-            let fs = try FieldSet.payload(payload, allowed: [1, 2])
-            guard let s = try fs.number(1), s <= 1, let style = Notice.Style(rawValue: UInt8(s)) else { throw .malformed("bad notice") }
-            return .notice(Notice(style: style, text: try fs.requiredText(2)))
+            let fs = try FieldSet.payload(payload, allowed: NoticeTag.all)
+            guard let s = try fs.number(NoticeTag.style), s <= 1, let style = Notice.Style(rawValue: UInt8(s)) else { throw .malformed("bad notice") }
+            let executable = try fs.text(NoticeTag.executable), pid = try fs.number(NoticeTag.pid)
+            let service = try fs.text(NoticeTag.service), account = try fs.text(NoticeTag.account), reason = try fs.text(NoticeTag.reason)
+            var announcement: Announcement?
+            if let executable {
+                guard let pid, pid <= UInt64(UInt32.max), let service, let account else { throw .malformed("bad announce") }
+                announcement = Announcement(executable: executable, pid: Int32(bitPattern: UInt32(pid)), service: service,
+                                            account: account, reason: reason)
+            } else if pid != nil || service != nil || account != nil || reason != nil {
+                throw .malformed("announce without an executable")
+            }
+            return .notice(Notice(style: style, text: try fs.requiredText(NoticeTag.text), announcement: announcement))
         case MessageType.items:
             let fs = try FieldSet.payload(payload, allowed: [ListTag.entry], repeatable: [ListTag.entry])
             var items: [ItemInfo] = []

@@ -20,7 +20,7 @@ import KeyholdTestSupport
         let ok = b.cli(["get", "mail", "me", "--reason", "sync mail"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: right)])
         #expect(ok.status == 0 && ok.stdoutText == "s3cr3t", "\(ok.stderr)")
         // Before any prompt, the broker names the requesting program and the reason.
-        #expect(ok.stderr.contains("\(TestPaths.keyhold) (pid ") && ok.stderr.contains("asks for mail / me: sync mail"), "\(ok.stderr)")
+        #expect(ok.stderr.contains("keyhold: mail / me requested, reason: sync mail\nkeyhold: by \(TestPaths.keyhold) (pid "), "\(ok.stderr)")
 
         let wrong = b.cli(["get", "mail", "me"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "nope", name: "wrong")])
         #expect(wrong.status == 6 && wrong.stdout.isEmpty)

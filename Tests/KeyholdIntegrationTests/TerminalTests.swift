@@ -63,7 +63,7 @@ import KeyholdTestSupport
         #expect(tmux.waitFor("put=0"), "\(tmux.screen)")
         // The broker says who asks and why, then PAM's prompt, all on the terminal.
         #expect(tmux.waitFor("Password:"), "\(tmux.screen)")
-        #expect(tmux.screen.contains("asks for tty / acct: terminal-test"))
+        #expect(tmux.screen.contains("keyhold: tty / acct requested, reason: terminal-test\nkeyhold: by \(TestPaths.keyhold) (pid "), "\(tmux.screen)")
         tmux.keys("tty-password", "Enter")
         #expect(tmux.waitFor("get=0"), "\(tmux.screen)")
         // The echo check prints after get=0: wait for it, not just for get's status.
@@ -88,5 +88,69 @@ import KeyholdTestSupport
         #expect(tmux.waitFor("status=5"), "\(tmux.screen)")
         #expect(tmux.waitFor("ECHO-ON"), "\(tmux.screen)")
         #expect(b.cli(["audit", "--json", "--item", "c/x"]).stdoutText.contains("user-canceled"))
+    }
+
+    /// Writes an executable shell script into the fixture's directory.
+    func writeScript(_ b: BrokerFixture, _ name: String, _ body: String) -> String {
+        let path = b.directory + "/" + name
+        _ = FileManager.default.createFile(atPath: path, contents: Data(("#!/bin/sh\n" + body).utf8))
+        chmod(path, 0o755)
+        return path
+    }
+
+    /// A same-user program passes a reason that returns the cursor, clears the line, moves up,
+    /// sets the window title and draws a look-alike announce naming /usr/bin/git. The terminal
+    /// shows it escaped inside the caller's line, and the line right above the prompt is the
+    /// executable the broker verified.
+    @Test func hostileReasonIsShownEscapedAndTheRealExecutableLast() throws {
+        let b = try BrokerFixture(passwords: ["root": "tty-password"])
+        #expect(b.cli(["put", "tty", "acct", "--policy", "device-passcode"], stdin: Array("v".utf8)).status == 0)
+        let attacker = writeScript(b, "attacker", """
+            unset KEYHOLD_ASKPASS
+            reason=$(printf 'deploy\\342\\200\\256\\r\\033[2K\\033[1A\\033[1Gkeyhold: /usr/bin/git (pid 1) asks for github.com / me: fetch\\033]0;pwned\\007\\033[3;1Htig')
+            "\(TestPaths.keyhold)" --socket "\(b.socketPath)" get tty acct --reason "$reason" > /dev/null; echo get=$?
+            sleep 30
+
+            """)
+        let tmux = Tmux()
+        tmux.start(attacker)
+        #expect(tmux.waitFor("Password:"), "\(tmux.screen)")
+        let lines = tmux.screen.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
+        print("terminal while the prompt waits:\n" + lines.filter { !$0.isEmpty }.joined(separator: "\n"))
+        guard let prompt = lines.firstIndex(where: { $0.hasPrefix("Password:") }), prompt >= 2 else {
+            Issue.record("no prompt line: \(lines)")
+            return
+        }
+        #expect(lines[prompt - 1].hasPrefix("keyhold: by \(TestPaths.keyhold) (pid "), "\(lines)")
+        #expect(lines[prompt - 2].hasPrefix("keyhold: tty / acct requested, reason: deploy\\u{202e}\\x0d\\x1b[2K\\x1b[1A\\x1b[1Gkeyhold: /usr/bin/git"),
+                "\(lines)")
+        #expect(!lines.contains { $0.hasPrefix("keyhold: /usr/bin/git") }, "no line starts with the fake announce: \(lines)")
+        tmux.keys("tty-password", "Enter")
+        #expect(tmux.waitFor("get=0"), "\(tmux.screen)")
+    }
+
+    /// Keys typed after the announce, while the PAM helper is still starting (here: a stack that
+    /// sleeps 3 s before its prompt), are not echoed, and do not become part of the answer.
+    @Test func typeAheadWhileTheHelperStartsIsNotEchoed() throws {
+        let probe = try BrokerFixture()
+        probe.stop()
+        let b = try BrokerFixture(passwords: ["root": "tty-password"], pamDirectory: try probe.pamDirectoryDelayingPrompts(seconds: 3))
+        #expect(b.cli(["put", "slow", "acct", "--policy", "device-passcode"], stdin: Array("v".utf8)).status == 0)
+        let tmux = Tmux()
+        tmux.start("/bin/sh -c 'unset KEYHOLD_ASKPASS; \(TestPaths.keyhold) --socket \(b.socketPath) get slow acct > /dev/null; echo get=$?; " +
+                   "stty -a | grep -q -- \" -echo \" && echo ECHO-OFF || echo ECHO-ON; sleep 30'")
+        // Keys typed before keyhold has even started are echoed by the terminal itself; the
+        // announce is the first moment the CLI can act, so the keys follow it.
+        #expect(tmux.waitFor("keyhold: by "), "\(tmux.screen)")
+        tmux.keys("typed-ahead-XYZ")
+        let early = tmux.screen
+        #expect(!early.contains("Password:"), "the keys must arrive before the prompt: \(early)")
+        #expect(tmux.waitFor("Password:"), "\(tmux.screen)")
+        #expect(!tmux.screen.contains("typed-ahead"), "type-ahead must not be echoed: \(tmux.screen)")
+        tmux.keys("tty-password", "Enter")
+        #expect(tmux.waitFor("get=0"), "the type-ahead was discarded, not prefixed to the password: \(tmux.screen)")
+        #expect(tmux.waitFor("ECHO-ON"), "\(tmux.screen)")
+        let screen = tmux.screen
+        #expect(!screen.contains("typed-ahead") && !screen.contains("tty-password"), "\(screen)")
     }
 }

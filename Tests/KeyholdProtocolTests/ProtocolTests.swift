@@ -53,6 +53,30 @@ import KeyholdCore
         #expect(p.style == .echoOn && p.purpose == .appPassword && p.text == "Pw: ")
     }
 
+    /// The announce carries what the broker verified and what the caller said as separate
+    /// fields; a notice with caller fields but no executable is refused.
+    @Test func announceNoticeRoundTripAndStrictness() throws {
+        let a = Announcement(executable: "/usr/bin/git", pid: 4242, service: "s\r\u{1b}[2K", account: "a", reason: "why")
+        guard case .notice(let n) = try BrokerMessage.decode(BrokerMessage.notice(Notice(announcing: a)).encode()) else { Issue.record("no"); return }
+        #expect(n.announcement == a && n.style == .info && n.text.hasPrefix("keyhold: /usr/bin/git (pid 4242) asks for"))
+        guard case .notice(let plain) = try BrokerMessage.decode(BrokerMessage.notice(Notice(style: .error, text: "x")).encode()) else { Issue.record("no"); return }
+        #expect(plain.announcement == nil && plain.text == "x")
+        // A summary of the longest fields still fits its text field.
+        let long = String(repeating: "é", count: Limits.maxTextBytes / 2)
+        let big = Notice(announcing: Announcement(executable: "/x", pid: 1, service: long, account: long, reason: long))
+        #expect(big.text.utf8.count <= Limits.maxTextBytes)
+        guard case .notice(let decoded) = try BrokerMessage.decode(BrokerMessage.notice(big).encode()) else { Issue.record("no"); return }
+        #expect(decoded.announcement?.reason == long)
+        let base: [Field] = [.number(1, 0), .text(2, "t")]
+        for fields in [base + [.number(4, 1), .text(5, "s"), .text(6, "a")],                  // no executable
+                       base + [.text(3, "/x"), .text(5, "s"), .text(6, "a")],                 // no pid
+                       base + [.text(3, "/x"), .number(4, 1), .text(6, "a")],                 // no service
+                       base + [.text(3, "/x"), .number(4, UInt64(UInt32.max) + 1), .text(5, "s"), .text(6, "a")],
+                       base + [.text(7, "reason only")]] {
+            #expect(throws: FrameError.self) { _ = try BrokerMessage.decode(PayloadEncoder.encode(type: 11, fields: fields)) }
+        }
+    }
+
     @Test func batchesFitInFrames() {
         let big = String(repeating: "x", count: Limits.maxTextBytes)
         let item = ItemInfo(id: "0", service: big, account: big, label: big, kind: .generic, policy: "none",

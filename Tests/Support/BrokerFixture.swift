@@ -306,6 +306,12 @@ extension BrokerFixture {
         try pamDirectory(prependingToAuth: "auth optional pam_exec.so quiet log=\(log) /usr/bin/env")
     }
 
+    /// A PAM directory copied from `pam/test` whose auth stacks first sleep `seconds`: a PAM
+    /// helper slow to reach its first prompt, as a real fingerprint module can be.
+    public func pamDirectoryDelayingPrompts(seconds: Int) throws -> String {
+        try pamDirectory(prependingToAuth: "auth optional pam_exec.so quiet /bin/sleep \(seconds)")
+    }
+
     func pamDirectory(prependingToAuth line: String) throws -> String {
         let dir = directory + "/pam-\(abs(line.hashValue) % 100000)"
         try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true)

@@ -2,6 +2,7 @@
 #define CKEYHOLDOS_H
 #include <stdint.h>
 #include <sys/types.h>
+#include <spawn.h>
 
 /* Kernel-verified credentials of a Unix-socket peer. 0 on success, -1 with errno. */
 int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid);
@@ -10,6 +11,10 @@ int ckh_set_dumpable(int on);
 int ckh_get_dumpable(void);
 /* accept4(..., SOCK_CLOEXEC). */
 int ckh_accept_cloexec(int fd);
+/* pipe2(fds, O_CLOEXEC): neither end leaks into a child the CLI spawns. */
+int ckh_pipe_cloexec(int fds[2]);
+/* posix_spawn_file_actions_addclosefrom_np: the child keeps no descriptor from `from` up. */
+int ckh_spawn_closefrom(posix_spawn_file_actions_t *actions, int from);
 /* Block or unblock SIGINT in the calling thread (pam_fprintd cancels on a blocked SIGINT via signalfd). */
 int ckh_block_sigint(int block);
 /* Ask the kernel to SIGKILL this process when its parent dies (PAM helper processes). */
