@@ -16,6 +16,7 @@ let package = Package(
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CPAM", pkgConfig: "pam", providers: [.apt(["libpam0g-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        .systemLibrary(name: "CTSS2", pkgConfig: "tss2-esys", providers: [.apt(["libtss2-dev"])]),
         // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
         .target(name: "CKeyholdOS"),
 
@@ -29,8 +30,11 @@ let package = Package(
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore"]),
         // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
         .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
+        // TPM 2.0 through the TSS (ESAPI): sealing the vault key. Its parsing of TPM-made bytes
+        // (the sealed-key file) is one of the untrusted-input parsers. Linked into the broker only.
+        .target(name: "KeyholdTPM", dependencies: ["CTSS2"]),
         // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.
-        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdProtocol", "KeyholdAuth", "CKeyholdOS"]),
+        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdProtocol", "KeyholdAuth", "KeyholdTPM", "CKeyholdOS"]),
         // The Swift API applications call. Holds no keys.
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 

@@ -22,16 +22,28 @@ public enum BrokerMain {
             }
         }
         harden()
-
-        let store: VaultStore
-        do throws(StoreError) {
-            store = try VaultStore.open(stateDirectory: options.stateDirectory)
-        } catch {
-            fail("cannot open the vault in \(options.stateDirectory): \(error)")
-        }
         // The PAM helper is this same binary, by absolute path (re-executed as --pam-helper).
         guard let helper = CallerFacts.read(pid: getpid())?.executable, helper.hasPrefix("/") else {
             fail("cannot resolve /proc/self/exe")
+        }
+        if let target = options.migrateKeyProtector {
+            do throws(StoreError) {
+                print(try KeyProtectorMigration.run(to: target, options: options, executable: helper))
+                exit(0)
+            } catch {
+                fail("cannot migrate the key protector of \(options.stateDirectory): \(error)")
+            }
+        }
+
+        let store: VaultStore
+        let protector: KeyProtectorKind
+        do throws(StoreError) {
+            protector = try KeyProtectorSetup.resolve(options)
+            store = try VaultStore.open(stateDirectory: options.stateDirectory,
+                                        keyProtector: KeyProtectorSetup.protector(protector, options))
+            if let record = KeyProtectorSetup.startAudit(protector, options, executable: helper) { try store.append(record) }
+        } catch {
+            fail("cannot open the vault in \(options.stateDirectory): \(error)")
         }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
@@ -44,6 +56,7 @@ public enum BrokerMain {
             fail("cannot listen on \(options.socketPath): \(error)")
         }
         startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
+        broker.log(KeyProtectorSetup.startLine(protector, options))
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }

@@ -7,6 +7,10 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case auditPrune = "audit-prune"
     /// A request the broker could not parse or did not know.
     case invalid
+    /// The broker started with a non-default key protector (the reason names it).
+    case brokerStart = "broker-start"
+    /// `keyholdd --migrate-key-protector` converted the vault key (the reason names both).
+    case keyProtectorMigrate = "key-protector-migrate"
 }
 
 /// How the broker decided.

@@ -32,6 +32,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case auditWriteFailed
     /// The store was closed.
     case closed
+    /// The key protector (the TPM) could not give the vault key.
+    case keyProtector(KeyProtectorFailure)
 
     /// What a caller sees.
     public var outcome: Outcome {
@@ -46,6 +48,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .appPasswordRequired, .appPasswordWrong: .authenticationFailed
         case .tooLarge, .invalidItem: .usage
         case .auditWriteFailed: .auditUnavailable
+        case .keyProtector(let f): f.outcome
         }
     }
 
@@ -65,6 +68,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .invalidItem: "the item is not valid as given"
         case .auditWriteFailed: "the audit log could not be written; nothing was changed or released"
         case .closed: "the store is closed"
+        case .keyProtector(let f): f.description
         }
     }
 
