@@ -51,6 +51,8 @@ let package = Package(
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
+        // Against Debian's swtpm, started by the tests.
+        .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdTestSupport", "keyholdd", "keyhold"]),

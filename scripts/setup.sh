@@ -11,6 +11,8 @@ packages=(
   libglib2.0-bin                              # gdbus, used by the fingerprint test harness
   util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
   tmux                                        # a real terminal for the prompt tests
+  libtss2-dev                                 # TPM 2.0 Software Stack (ESAPI, TCTIs): the TPM key protector
+  swtpm swtpm-tools tpm2-tools                # a software TPM for the tests; tpm2-tools only to clear/extend it in tests
 )
 
 missing=()

@@ -15,6 +15,9 @@ public final class TPMDevice {
 
     /// Connects through the TCTI named by `conf` ("device:/dev/tpmrm0", "tabrmd", "swtpm:path=S").
     public init(tcti conf: String) throws(TPMError) {
+        // The TSS logs failures to stderr on its own; Keyhold reports them once, in its words
+        // (with the TSS's decoded response code). An administrator's TSS2_LOG still wins.
+        setenv("TSS2_LOG", "all+NONE", 0)
         var t: OpaquePointer?
         let rc = conf.withCString { Tss2_TctiLdr_Initialize($0, &t) }
         guard rc == 0, let t else { throw TPMError.unavailable(code: rc) }

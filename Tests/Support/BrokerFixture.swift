@@ -117,10 +117,12 @@ public final class BrokerFixture: @unchecked Sendable {
     public private(set) var process: Process?
     public var extraEnvironment: [String: String]
     public let fprintStateDirectory: String?
+    /// More `keyholdd` options (a key protector, a TPM's TCTI), passed at every start.
+    public var extraArguments: [String]
 
     /// Passwords for pam_matrix: user → password.
     public init(passwords: [String: String] = ["root": "right-password"], environment: [String: String] = [:],
-                fprintStateDirectory: String? = nil, pamDirectory: String? = nil) throws {
+                fprintStateDirectory: String? = nil, pamDirectory: String? = nil, arguments: [String] = []) throws {
         directory = TestPaths.temporaryDirectory("khb")
         chmod(directory, 0o755)  // an unprivileged test user must reach the socket
         stateDirectory = directory + "/state"
@@ -132,6 +134,7 @@ public final class BrokerFixture: @unchecked Sendable {
         if fprintStateDirectory == nil { mkdir(emptyPrints, 0o700) }
         self.fprintStateDirectory = fprintStateDirectory ?? emptyPrints
         extraEnvironment = environment
+        extraArguments = arguments
         try setPasswords(passwords)
         try start()
     }
@@ -154,7 +157,7 @@ public final class BrokerFixture: @unchecked Sendable {
         var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory,
                     "--syslog-socket", syslogPath]
         if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
-        p.arguments = args
+        p.arguments = args + extraArguments
         var env = ProcessInfo.processInfo.environment
         env["PAM_MATRIX_PASSWD"] = passdb
         for (k, v) in extraEnvironment { env[k] = v }
@@ -174,6 +177,8 @@ public final class BrokerFixture: @unchecked Sendable {
             if !p.isRunning { throw FixtureError.brokerExited(p.terminationStatus, brokerLog) }
             usleep(10_000)
         }
+        // Still starting (SIGTERM is blocked until it serves): SIGKILL, so deinit cannot hang.
+        kill9()
         throw FixtureError.brokerDidNotStart(brokerLog)
     }
 
