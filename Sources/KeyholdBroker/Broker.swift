@@ -9,9 +9,13 @@ import KeyholdProtocol
 public final class Broker: Sendable {
     let gate: ReleaseGate
     let syslog: AuditSyslog
+    /// How the vault key is kept, for `keyhold status`.
+    let protection: VaultProtection
     private let store: Mutex<VaultStore>
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog,
+         protection: VaultProtection = VaultProtection(keyProtector: .file)) {
+        self.protection = protection
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog

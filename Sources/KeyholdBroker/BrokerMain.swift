@@ -47,7 +47,7 @@ public enum BrokerMain {
         }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
-                            syslog: AuditSyslog(socketPath: options.syslogSocket))
+                            syslog: AuditSyslog(socketPath: options.syslogSocket), protection: VaultProtection(keyProtector: protector))
 
         let listener: Int32
         do throws(ListenerError) {

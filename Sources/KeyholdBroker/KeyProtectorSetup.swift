@@ -62,3 +62,9 @@ enum KeyProtectorSetup {
                            reason: "key-protector=tpm pcrs=\(options.tpmPCRs)", outcome: .ok)
     }
 }
+
+/// What `keyhold status` reports. Rollback detection is not implemented yet (issue 13 item 2).
+struct VaultProtection: Sendable {
+    let keyProtector: KeyProtectorKind
+    var statusText: String { "key-protector=\(keyProtector.rawValue) rollback-detection=none" }
+}

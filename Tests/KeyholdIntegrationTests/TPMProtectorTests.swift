@@ -29,6 +29,8 @@ import KeyholdTestSupport
         try b.start()
         #expect(b.cli(["get", "svc", "acct"]).stdout == secret)
         #expect(b.brokerLog.contains("key protector: tpm"))
+        let status = b.cli(["status"])
+        #expect(status.status == 0 && status.stdoutText == "key-protector=tpm rollback-detection=none\n", "\(status.stdoutText)")
         // The audit names the protector of every start.
         let audit = b.cli(["audit", "--json"]).stdoutText
         #expect(audit.contains("broker-start") && audit.contains("key-protector=tpm"), "\(audit)")
@@ -57,9 +59,11 @@ import KeyholdTestSupport
         let tpm = try SoftwareTPM()
         let b = try BrokerFixture(arguments: ["--key-protector", "file"])
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
+        #expect(b.cli(["status"]).stdoutText.hasPrefix("key-protector=file "))
         b.stop()
         // The key as the file protector kept it: what must not be on disk afterwards.
         let key = [UInt8](try Data(contentsOf: URL(fileURLWithPath: b.stateDirectory + "/vault.key")))
+        #expect(b.brokerLog.contains("key protector: file: the vault key sits on disk"))
         #expect(key.count == 32)
         let migrated = runWithTimeout(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--migrate-key-protector", "tpm",
                                                            "--tpm-tcti", tpm.tcti], seconds: 60)
@@ -68,6 +72,7 @@ import KeyholdTestSupport
         b.extraArguments = tpmArguments(tpm)
         try b.start()
         #expect(b.cli(["get", "svc", "acct"]).stdout == secret)
+        #expect(b.cli(["status"]).stdoutText.hasPrefix("key-protector=tpm "))
         b.stop()
         // No 8-byte window of the key in any file left in the state directory (db, WAL, blob).
         let windows = Set((0...(key.count - 8)).map { Array(key[$0..<$0 + 8]) })

@@ -11,6 +11,8 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case brokerStart = "broker-start"
     /// `keyholdd --migrate-key-protector` converted the vault key (the reason names both).
     case keyProtectorMigrate = "key-protector-migrate"
+    /// `keyhold status`: how the vault is protected.
+    case status
 }
 
 /// How the broker decided.
