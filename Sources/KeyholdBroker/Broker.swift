@@ -11,18 +11,25 @@ public final class Broker: Sendable {
     let syslog: AuditSyslog
     /// How the vault key is kept, for `keyhold status`.
     let protection: VaultProtection
+    /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
+    let anchor: RollbackAnchor?
     private let store: Mutex<VaultStore>
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog,
-         protection: VaultProtection = VaultProtection(keyProtector: .file)) {
+         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil) {
         self.protection = protection
+        self.anchor = anchor
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
-        store.withLock { body($0) }
+        store.withLock { store in
+            let result = body(store)
+            anchor?.advance(store)
+            return result
+        }
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers

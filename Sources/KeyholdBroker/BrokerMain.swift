@@ -45,9 +45,11 @@ public enum BrokerMain {
         } catch {
             fail("cannot open the vault in \(options.stateDirectory): \(error)")
         }
+        let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
+        if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
-                            syslog: AuditSyslog(socketPath: options.syslogSocket), protection: VaultProtection(keyProtector: protector))
+                            syslog: AuditSyslog(socketPath: options.syslogSocket), protection: VaultProtection(keyProtector: protector, anchored: anchor != nil), anchor: anchor)
 
         let listener: Int32
         do throws(ListenerError) {
@@ -107,7 +109,7 @@ public enum BrokerMain {
         thread.start()
     }
 
-    static func fail(_ message: String, code: Int32 = 1) -> Never {
+    public static func fail(_ message: String, code: Int32 = 1) -> Never {
         let text = "keyholdd: \(message)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
         exit(code)

@@ -22,11 +22,16 @@ public struct BrokerOptions: Sendable, Equatable {
     public var tpmPCRs = PCRSelection.none
     /// Convert the vault key to this protector and exit, instead of serving.
     public var migrateKeyProtector: KeyProtectorKind?
+    /// A file outside the state directory that records the audit head (rollback detection
+    /// without a TPM), and the administrator's decision to serve a vault that is behind it.
+    public var rollbackAnchor: String?
+    public var acceptRollback = false
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
                         [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
                         [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
+                        [--rollback-anchor PATH [--accept-rollback]]
                keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
@@ -44,6 +49,9 @@ public struct BrokerOptions: Sendable, Equatable {
           --tpm-tcti CONF         TSS TCTI of the TPM (default device:/dev/tpmrm0; swtpm:path=S)
           --tpm-pcrs LIST         bind a newly sealed key to these SHA-256 PCRs, e.g. 0,7
           --migrate-key-protector KIND  convert the vault key to KIND (crash-safe) and exit
+          --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
+                                  refuse a vault restored from an older copy
+          --accept-rollback       serve such a vault anyway (audited), and re-anchor it
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }
@@ -74,6 +82,8 @@ public struct BrokerOptions: Sendable, Equatable {
                 guard let k = KeyProtectorChoice(rawValue: try value(a)) else { throw .bad("--key-protector wants auto, tpm or file") }
                 keyProtector = k
             case "--tpm-tcti": tpmTCTI = try value(a)
+            case "--rollback-anchor": rollbackAnchor = try value(a)
+            case "--accept-rollback": acceptRollback = true
             case "--tpm-pcrs":
                 guard let p = PCRSelection(list: try value(a)) else { throw .bad("--tpm-pcrs wants PCR numbers 0-23 such as 0,7") }
                 tpmPCRs = p

@@ -47,10 +47,17 @@ enum KeyProtectorSetup {
     static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> String {
         switch kind {
         case .tpm:
-            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; rollback of the state directory is NOT detected"
+            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; " + rollbackLine(options)
         case .file:
-            "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); rollback of the state directory is NOT detected"
+            "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
         }
+    }
+
+    static func rollbackLine(_ options: BrokerOptions) -> String {
+        if let a = options.rollbackAnchor {
+            return "rollback of the state directory alone is detected by the anchor \(a) (restoring the whole disk is NOT)"
+        }
+        return "rollback of the state directory is NOT detected"
     }
 
     /// The audit entry of a start with the TPM protector: proof in the chain of how the key
@@ -66,5 +73,6 @@ enum KeyProtectorSetup {
 /// What `keyhold status` reports. Rollback detection is not implemented yet (issue 13 item 2).
 struct VaultProtection: Sendable {
     let keyProtector: KeyProtectorKind
-    var statusText: String { "key-protector=\(keyProtector.rawValue) rollback-detection=none" }
+    var anchored = false
+    var statusText: String { "key-protector=\(keyProtector.rawValue) rollback-detection=\(anchored ? "anchor-file" : "none")" }
 }

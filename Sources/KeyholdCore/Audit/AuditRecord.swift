@@ -13,6 +13,8 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case keyProtectorMigrate = "key-protector-migrate"
     /// `keyhold status`: how the vault is protected.
     case status
+    /// `keyholdd --accept-rollback`: an administrator chose to serve a vault behind its anchor.
+    case acceptRollback = "accept-rollback"
 }
 
 /// How the broker decided.
