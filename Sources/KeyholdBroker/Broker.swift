@@ -13,12 +13,16 @@ public final class Broker: Sendable {
     let protection: VaultProtection
     /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
     let anchor: RollbackAnchor?
+    /// With the TPM protector: the NV counter, advanced after changes that matter.
+    let counter: TPMRollbackCounter?
     private let store: Mutex<VaultStore>
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog,
-         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil) {
+         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
+         counter: TPMRollbackCounter? = nil) {
         self.protection = protection
         self.anchor = anchor
+        self.counter = counter
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
@@ -27,6 +31,7 @@ public final class Broker: Sendable {
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
         store.withLock { store in
             let result = body(store)
+            counter?.advance(store)
             anchor?.advance(store)
             return result
         }

@@ -47,9 +47,12 @@ public enum BrokerMain {
         }
         let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
         if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
+        let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
+        if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
-                            syslog: AuditSyslog(socketPath: options.syslogSocket), protection: VaultProtection(keyProtector: protector, anchored: anchor != nil), anchor: anchor)
+                            syslog: AuditSyslog(socketPath: options.syslogSocket), protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
+                            anchor: anchor, counter: counter)
 
         let listener: Int32
         do throws(ListenerError) {

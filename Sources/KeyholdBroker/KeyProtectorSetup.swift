@@ -47,7 +47,7 @@ enum KeyProtectorSetup {
     static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> String {
         switch kind {
         case .tpm:
-            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; " + rollbackLine(options)
+            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; rollback is detected by a TPM counter"
         case .file:
             "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
         }
@@ -74,5 +74,8 @@ enum KeyProtectorSetup {
 struct VaultProtection: Sendable {
     let keyProtector: KeyProtectorKind
     var anchored = false
-    var statusText: String { "key-protector=\(keyProtector.rawValue) rollback-detection=\(anchored ? "anchor-file" : "none")" }
+    var statusText: String {
+        let detection = [keyProtector == .tpm ? "tpm-counter" : nil, anchored ? "anchor-file" : nil].compactMap { $0 }
+        return "key-protector=\(keyProtector.rawValue) rollback-detection=\(detection.isEmpty ? "none" : detection.joined(separator: "+"))"
+    }
 }

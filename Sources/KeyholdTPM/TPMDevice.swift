@@ -8,7 +8,7 @@ import Glibc
 /// Not thread-safe; used from one thread and then dropped.
 public final class TPMDevice {
     private var tcti: OpaquePointer?
-    private var ctx: OpaquePointer?
+    var ctx: OpaquePointer?
 
     /// The kernel's resource manager. Tests pass `swtpm:path=SOCKET`.
     public static let defaultTCTI = "device:/dev/tpmrm0"
