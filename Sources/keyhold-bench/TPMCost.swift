@@ -5,8 +5,9 @@ import KeyholdCore
 
 /// What the TPM key protector adds: the same broker with `--key-protector file` and with
 /// `--key-protector tpm` on Debian's swtpm (a real TPM is slower per command: tens of ms for
-/// an unseal, so the start-up figure here is a lower bound). The TPM is used only at start;
-/// put, rm and get should not change.
+/// an unseal, so these figures are lower bounds). The TPM is used at start (unseal, counter
+/// check) and for changes that matter for rollback (rm here: one NV increment); a new item's
+/// put and a get use no TPM command.
 @MainActor func measureTPMCost(bin: String, samples: Int = 300) {
     let swtpm = "/usr/bin/swtpm"
     guard access(swtpm, X_OK) == 0 else {
@@ -81,7 +82,7 @@ import KeyholdCore
         report("TPM cost, \(what), p50 file / tpm (swtpm)", "\(ms(a)) / \(ms(b))", String(format: "%+.3f ms", (b - a) * 1000) + note)
     }
     line("broker start-up (existing vault)", f.start, t.start)
-    line("put", f.put, t.put, " (TPM not used after start)")
-    line("rm", f.rm, t.rm)
-    line("get", f.get, t.get)
+    line("put (new item)", f.put, t.put, " (no TPM command)")
+    line("rm", f.rm, t.rm, " (advances the TPM rollback counter)")
+    line("get", f.get, t.get, " (no TPM command)")
 }
