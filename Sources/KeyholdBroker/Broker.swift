@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// The broker's shared state: the store (one SQLite connection, used under a lock: every

@@ -1,6 +1,7 @@
 import Glibc
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// One client connection: one request, its conversation, one response. Every request the

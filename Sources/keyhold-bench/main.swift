@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 
 // keyhold-bench: latency, throughput, size and memory of a real broker on a temporary vault.
 // Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.

@@ -1,4 +1,5 @@
 import CSodium
+import KeyholdCore
 
 /// Errors of the crypto layer. Never carries key, plaintext or name bytes.
 public enum CryptoError: Error, Equatable, Sendable, CustomStringConvertible {

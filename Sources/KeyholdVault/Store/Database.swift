@@ -1,4 +1,5 @@
 import CSQLite
+import KeyholdCore
 
 /// A failed SQLite call, by extended result code. Carries no SQL values, so it can be logged.
 public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible {

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// Everything an item's boxes are bound to. Editing any of these on disk (a policy set to
 /// `none`, a row moved to another owner, a key swapped between items) makes every box of the
 /// item fail to open, so the store reports an integrity failure instead of a secret.

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// Every way a store call can fail. Closed; descriptions never contain a secret, a service or
 /// an account name (a path is shown only for permission problems, so an admin can fix them).
 public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// The audit chain: each row's `mac = BLAKE2b_auditKey(prev_mac ‖ canonical row incl. seq)`,
 /// an `entry_tag` over the row without its seq (to tell a moved row from an edited one), and
 /// a tagged head (seq, mac) updated in the same transaction, so deleting the newest rows is

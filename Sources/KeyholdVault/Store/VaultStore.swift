@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// The encrypted item store of one vault: a state directory holding `vault.key` (0600) and
 /// `vault.db` (SQLite, WAL, synchronous=FULL).
