@@ -15,7 +15,13 @@ public enum TestPaths {
     }()
 
     public static var keyholdd: String { products + "/keyholdd" }
-    public static var keyhold: String { products + "/keyhold" }
+    /// The CLI is linked statically, so no test target may depend on it (SwiftPM would link its
+    /// flags into the test bundle); `swift build --build-tests` builds it beside `keyholdd`.
+    public static var keyhold: String {
+        let path = products + "/keyhold"
+        precondition(access(path, X_OK) == 0, "\(path) is not built: run `swift build --build-tests` first")
+        return path
+    }
 
     /// The repository root (for `pam/test` and `schema.sql`).
     public static let repository: String = URL(fileURLWithPath: #filePath)
