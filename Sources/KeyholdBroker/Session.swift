@@ -391,7 +391,8 @@ struct Session {
             let infos = found.items.map { i in
                 ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
                          policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
-                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
+                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
+                         generation: i.generation)
             }
             for payload in BrokerMessage.encodedItemBatches(infos) {
                 do throws(FrameError) {

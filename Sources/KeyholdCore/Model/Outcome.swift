@@ -17,6 +17,8 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
     case brokerUnavailable = 11
     case auditUnavailable = 12
     case integrityFailure = 13
+    /// The item changed (a newer generation) since the caller read it; read it again.
+    case conflict = 14
 
     /// Stable machine name, used in the audit log and `--json` output.
     public var name: String {
@@ -35,6 +37,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .brokerUnavailable: "broker-unavailable"
         case .auditUnavailable: "audit-unavailable"
         case .integrityFailure: "integrity-failure"
+        case .conflict: "conflict"
         }
     }
 
@@ -54,6 +57,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .brokerUnavailable: "the keyhold broker is not available"
         case .auditUnavailable: "the audit log could not be written; nothing was released"
         case .integrityFailure: "integrity failure: the stored item was altered or damaged"
+        case .conflict: "conflict: the item changed since it was read; nothing was changed"
         }
     }
 }
