@@ -1,5 +1,6 @@
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 /// Issue 8, item 6: someone who can write vault.db (a restored backup, an offline disk) but

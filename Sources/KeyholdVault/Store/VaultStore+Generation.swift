@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// Item generations: an older copy of an item's row does not open.
 ///
 /// Someone who can write `vault.db` but has no key can keep a copy of a row (say while its
