@@ -17,6 +17,9 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
     case brokerUnavailable = 11
     case auditUnavailable = 12
     case integrityFailure = 13
+    // 14 is reserved for `conflict` (item generations).
+    /// The caller's uid is at its connection cap or over its audit budget: try again shortly.
+    case busy = 15
 
     /// Stable machine name, used in the audit log and `--json` output.
     public var name: String {
@@ -35,6 +38,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .brokerUnavailable: "broker-unavailable"
         case .auditUnavailable: "audit-unavailable"
         case .integrityFailure: "integrity-failure"
+        case .busy: "busy"
         }
     }
 
@@ -54,6 +58,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .brokerUnavailable: "the keyhold broker is not available"
         case .auditUnavailable: "the audit log could not be written; nothing was released"
         case .integrityFailure: "integrity failure: the stored item was altered or damaged"
+        case .busy: "busy: too many requests from this user at once; try again shortly"
         }
     }
 }
