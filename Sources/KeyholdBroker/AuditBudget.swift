@@ -18,7 +18,10 @@ final class AuditBudget: Sendable {
         var tokens: Double
         var stamp: Int64
         var refused: Int = 0
+        var lastBurst: Int64 = 0
     }
+    /// A uid still in debt gets its refused-burst entry at most this often.
+    static let burstIntervalMicroseconds: Int64 = 10_000_000
     private let buckets = Mutex<[UInt32: Bucket]>([:])
 
     /// What an entry costs: its texts as stored (sealed: +40 bytes each) and the overhead.
@@ -63,17 +66,19 @@ final class AuditBudget: Sendable {
         withBucket(uid) { $0.tokens -= Double(bytes) }
     }
 
-    /// Uids with refused requests whose bucket has refilled, and their counts (now cleared).
+    /// Uids with refused requests whose bucket has refilled (or whose last burst entry is
+    /// `burstIntervalMicroseconds` old; every one with `all`), and their counts (now cleared).
     /// Full buckets with nothing pending are forgotten.
-    func takeBursts() -> [(uid: UInt32, count: Int)] {
+    func takeBursts(all drain: Bool = false) -> [(uid: UInt32, count: Int)] {
         let now = currentMicroseconds()
         return buckets.withLock { all in
             var out: [(uid: UInt32, count: Int)] = []
             for (uid, var b) in all {
                 Self.refill(&b, now: now)
-                if b.refused > 0 && b.tokens > 0 {
+                if b.refused > 0 && (drain || b.tokens > 0 || now - b.lastBurst >= Self.burstIntervalMicroseconds) {
                     out.append((uid, b.refused))
                     b.refused = 0
+                    b.lastBurst = now
                 }
                 all[uid] = b.refused == 0 && b.tokens >= Double(Self.burstBytes) ? nil : b
             }
@@ -104,9 +109,10 @@ struct FreeSpaceReserve: Sendable {
 
 extension Broker {
     /// Writes one `refused-burst` entry per uid whose refused requests were only counted.
-    /// Runs on its own thread every second; an entry that cannot be written keeps its count.
-    func flushRefusedBursts() {
-        for (uid, count) in budget.takeBursts() {
+    /// Runs on its own thread every second, and for every uid at shutdown; an entry that
+    /// cannot be written keeps its count.
+    func flushRefusedBursts(all: Bool = false) {
+        for (uid, count) in budget.takeBursts(all: all) {
             let record = AuditRecord(callerUID: uid, callerPID: 0, executable: "", operation: .refusedBurst,
                                      decision: .denied, reason: "count=\(count)", outcome: .busy)
             let ok = withStore { store -> Bool in

@@ -111,6 +111,7 @@ public enum BrokerMain {
 
 extension Broker {
     func closeAndExit() -> Never {
+        flushRefusedBursts(all: true)
         _ = withStore { store -> Bool in
             store.close()
             exit(0)

@@ -27,10 +27,18 @@ import KeyholdTestSupport
     /// Starts the hostile client in the background; `wait()` returns its JSON line.
     func hostileInBackground(_ b: BrokerFixture, _ args: [String], as user: TestUser,
                              environment: [String: String] = [:]) -> () -> [String: Any] {
-        let box = ResultBox()
+        let box = HostileResultBox()
         let t = Thread { box.set(self.hostile(b, args, as: user, environment: environment)) }
         t.start()
         return { box.wait() }
+    }
+
+    /// A path the unprivileged client may create, to say it is ready.
+    func readyPath(_ b: BrokerFixture) -> String {
+        let dir = b.directory + "/ready"
+        mkdir(dir, 0o777)
+        chmod(dir, 0o777)
+        return dir + "/ready"
     }
 
     func waitForFile(_ path: String, seconds: Int = 30) -> Bool {
@@ -64,7 +72,7 @@ import KeyholdTestSupport
         #expect(b.cli(["put", "svc", "other"], stdin: Array("other-secret".utf8), asUser: other.name).status == 0)
 
         // 300 connections: half never send a byte, half send one a second and never finish a frame.
-        let ready = b.directory + "/idle-ready"
+        let ready = readyPath(b)
         let done = hostileInBackground(b, ["idle", "300", "9"], as: attacker, environment: ["READY_FILE": ready])
         #expect(waitForFile(ready))
         usleep(300_000)
@@ -89,8 +97,9 @@ import KeyholdTestSupport
         let attacker = try TestUser(prefix: "kha")
         let b = try BrokerFixture()
         #expect(b.cli(["put", "svc", "mine"], stdin: Array("s".utf8), asUser: attacker.name).status == 0)
-        let ready = b.directory + "/cap-ready"
-        let done = hostileInBackground(b, ["idle", "40", "8", "reconnect"], as: attacker, environment: ["READY_FILE": ready])
+        let ready = readyPath(b)
+        // Long-lived connections a user may hold (audit --follow), more than its cap.
+        let done = hostileInBackground(b, ["follow", "40", "8"], as: attacker, environment: ["READY_FILE": ready])
         #expect(waitForFile(ready))
         let r = b.cli(["get", "svc", "mine"], asUser: attacker.name)
         #expect(r.status == 15 && r.stderr.contains("busy"), "\(r.status) \(r.stderr)")
@@ -198,7 +207,7 @@ import KeyholdTestSupport
     }
 }
 
-final class ResultBox: @unchecked Sendable {
+final class HostileResultBox: @unchecked Sendable {
     private let lock = NSCondition()
     private var value: [String: Any]?
     func set(_ v: [String: Any]) { lock.lock(); value = v; lock.signal(); lock.unlock() }
