@@ -12,7 +12,7 @@ final class AuditBudget: Sendable {
     static let burstBytes = 1 << 20
     static let bytesPerSecond = 4096
     /// Fixed cost of an entry besides its texts: row, MACs, sealing, index (a generous estimate).
-    static let entryOverheadBytes = 320
+    static let entryOverheadBytes = 512
 
     private struct Bucket {
         var tokens: Double

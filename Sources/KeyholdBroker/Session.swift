@@ -94,9 +94,14 @@ struct Session {
 
     private func handle(_ request: Request) -> Response {
         // Item writes stop short of the free-space reserve; audit entries may still use it.
-        if request.operation == .put && broker.reserve.isLow {
-            return deny(request, request.update ? .update : .put, item: nil,
-                        Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+        if request.operation == .put {
+            if broker.reserve.isLow {
+                return deny(request, request.update ? .update : .put, item: nil,
+                            Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+            }
+            // What an item write can add (sealed secret and texts) counts against the uid's budget too.
+            let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }
+            broker.budget.charge(uid: caller.uid, bytes: (request.secret?.count ?? 0) + (request.appPassword?.count ?? 0) + texts + 512)
         }
         switch request.operation {
         case .put: return put(request)
