@@ -30,7 +30,7 @@ let package = Package(
             resources: [.embedInCode("../../schema.sql")]
         ),
         // The broker wire protocol: frames and messages. All parsing of bytes from a peer.
-        .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore"]),
+        .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore", "CKeyholdOS"]),
         // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
         .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
         // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.

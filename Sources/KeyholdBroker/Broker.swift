@@ -10,14 +10,18 @@ import KeyholdProtocol
 public final class Broker: Sendable {
     let gate: ReleaseGate
     let syslog: AuditSyslog
+    /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
+    let budget = AuditBudget()
+    let reserve: FreeSpaceReserve
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve) {
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
+        self.reserve = reserve
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
@@ -64,6 +68,7 @@ public final class Broker: Sendable {
     /// After an audit entry's transaction: its copy to the system log, or the failure.
     func committed(_ record: AuditRecord, _ ok: Bool) {
         if ok {
+            budget.charge(uid: record.callerUID, bytes: AuditBudget.cost(record))
             syslog.record(record)
         } else {
             log("audit entry could not be written; request refused")

@@ -12,15 +12,33 @@ struct Session {
     let caller: Caller
     let broker: Broker
 
-    func run() {
+    /// How long a client may take: its whole request (from accept), an answer to a prompt
+    /// (a person typing), and any other frame after the first byte may be idle before it.
+    enum Deadlines {
+        static let requestMilliseconds = 5_000
+        static let answerMilliseconds = 120_000
+        static let idleMilliseconds = 5_000
+        static let frameMilliseconds = 10_000
+    }
+
+    /// Serves one accepted connection: reads the request within its deadline, identifies the
+    /// process that sent it (not only the one that connected), and answers.
+    static func serve(fd: Int32, peer: Peer, broker: Broker) {
+        var reader = TimedFrameReader(fd: fd)
         let payload: SecureBytes
         do throws(FrameError) {
-            guard let p = try Frame.read(from: fd) else { return }  // connected and left: nothing asked
+            let ms = Deadlines.requestMilliseconds
+            guard let p = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return }  // connected and left
             payload = p
         } catch {
-            rejectMalformed(error)
+            Session(fd: fd, caller: .identify(socket: fd, peer: peer), broker: broker).rejectMalformed(error)
             return
         }
+        let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+        Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid))
+    }
+
+    func run(_ payload: SecureBytes, senderUIDs: [UInt32]) {
         let message: ClientMessage
         do throws(FrameError) {
             message = try ClientMessage.decode(payload)
@@ -33,7 +51,20 @@ struct Session {
             rejectMalformed(.unexpectedMessage)
             return
         }
-        let response = handle(request)
+        // Over this uid's audit budget: not carried out, counted for its refused-burst entry.
+        guard broker.budget.admit(uid: caller.uid) else {
+            send(.response(Response(.busy, detail: "too many requests from this user; try again shortly")))
+            request.secret?.wipe()
+            request.appPassword?.wipe()
+            return
+        }
+        let response: Response
+        if senderUIDs.contains(where: { $0 != caller.uid }) {
+            // A connection handed to another user's process: neither may act through it.
+            response = deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
+        } else {
+            response = handle(request)
+        }
         send(.response(response))
         response.secret?.wipe()
         request.secret?.wipe()
@@ -42,7 +73,8 @@ struct Session {
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an
     /// audit entry, and the connection is closed by the caller of `run`.
-    private func rejectMalformed(_ error: FrameError) {
+    fileprivate func rejectMalformed(_ error: FrameError) {
+        guard broker.budget.admit(uid: caller.uid) else { return }  // counted for its refused-burst entry
         let outcome: Outcome = .usage
         broker.audit(AuditEvent(caller: caller, operation: .invalid, decision: .error, outcome: outcome))
         if case .io = error { return }
@@ -62,6 +94,16 @@ struct Session {
     // MARK: dispatch
 
     private func handle(_ request: Request) -> Response {
+        // Item writes stop short of the free-space reserve; audit entries may still use it.
+        if request.operation == .put {
+            if broker.reserve.isLow {
+                return deny(request, request.update ? .update : .put, item: nil,
+                            Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+            }
+            // What an item write can add (sealed secret and texts) counts against the uid's budget too.
+            let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }
+            broker.budget.charge(uid: caller.uid, bytes: (request.secret?.count ?? 0) + (request.appPassword?.count ?? 0) + texts + 512)
+        }
         switch request.operation {
         case .put: return put(request)
         case .get: return get(request)
@@ -140,7 +182,9 @@ struct Session {
     private func ask(_ prompt: Prompt) -> PAMAnswer {
         guard send(.prompt(prompt)) else { return .cancel }
         do throws(FrameError) {
-            guard let payload = try Frame.read(from: fd) else { return .cancel }
+            var reader = TimedFrameReader(fd: fd)
+            let ms = Deadlines.answerMilliseconds
+            guard let payload = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return .cancel }
             defer { payload.wipe() }
             if case .answer(let s) = try ClientMessage.decode(payload) { return .answer(s) }
             return .cancel
@@ -590,7 +634,9 @@ extension Session {
         reading: while true {
             let message: ClientMessage
             do throws(FrameError) {
-                guard let payload = try Frame.read(from: fd) else {
+                var reader = TimedFrameReader(fd: fd)
+                guard let payload = try reader.read(idleMilliseconds: Deadlines.idleMilliseconds,
+                                                    frameMilliseconds: Deadlines.frameMilliseconds) else {
                     return deny(request, .auditVerify, item: nil, Denial(.usage, "the export ended before its end marker"))
                 }
                 defer { payload.wipe() }

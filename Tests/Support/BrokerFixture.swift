@@ -122,11 +122,13 @@ public final class BrokerFixture: @unchecked Sendable {
     public let pamDirectory: String
     public private(set) var process: Process?
     public var extraEnvironment: [String: String]
+    /// More `keyholdd` options (e.g. `--free-space-reserve`), after the fixture's own.
+    public var extraArguments: [String]
     public let fprintStateDirectory: String?
 
     /// Passwords for pam_matrix: user → password.
     public init(passwords: [String: String] = ["root": "right-password"], environment: [String: String] = [:],
-                fprintStateDirectory: String? = nil, pamDirectory: String? = nil) throws {
+                fprintStateDirectory: String? = nil, pamDirectory: String? = nil, extraArguments: [String] = []) throws {
         directory = TestPaths.temporaryDirectory("khb")
         chmod(directory, 0o755)  // an unprivileged test user must reach the socket
         stateDirectory = directory + "/state"
@@ -138,6 +140,7 @@ public final class BrokerFixture: @unchecked Sendable {
         if fprintStateDirectory == nil { mkdir(emptyPrints, 0o700) }
         self.fprintStateDirectory = fprintStateDirectory ?? emptyPrints
         extraEnvironment = environment
+        self.extraArguments = extraArguments
         try setPasswords(passwords)
         try start()
     }
@@ -160,7 +163,7 @@ public final class BrokerFixture: @unchecked Sendable {
         var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory,
                     "--syslog-socket", syslogPath]
         if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
-        p.arguments = args
+        p.arguments = args + extraArguments
         var env = ProcessInfo.processInfo.environment
         env["PAM_MATRIX_PASSWD"] = passdb
         for (k, v) in extraEnvironment { env[k] = v }

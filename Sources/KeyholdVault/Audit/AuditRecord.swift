@@ -9,6 +9,9 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case auditPrune = "audit-prune"
     /// A request the broker could not parse or did not know.
     case invalid
+    /// Requests of one uid refused without an entry each (over its audit budget or its
+    /// connection cap), counted in one entry: `reason` holds `count=N`.
+    case refusedBurst = "refused-burst"
 }
 
 /// How the broker decided.
