@@ -90,7 +90,8 @@ public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [
     p.standardError = errPipe
     do { try p.run() } catch { return CommandResult(status: -1, stdout: [], stderr: "cannot run \(path): \(error)") }
     let writer = Thread {
-        if !stdin.isEmpty { inPipe.fileHandleForWriting.write(Data(stdin)) }
+        // A command may exit without reading its stdin: EPIPE then, not a trap.
+        if !stdin.isEmpty { try? inPipe.fileHandleForWriting.write(contentsOf: Data(stdin)) }
         try? inPipe.fileHandleForWriting.close()
     }
     writer.start()
