@@ -1,6 +1,7 @@
 import Glibc
 import Synchronization
 import KeyholdCore
+import KeyholdVault
 
 /// How much one uid may add to the audit log per unit of time: a token bucket of bytes per
 /// uid. A request that arrives while its uid's bucket is empty is not carried out: it is
@@ -36,7 +37,10 @@ final class AuditBudget: Sendable {
         b.stamp = now
     }
 
-    private func withBucket<R>(_ uid: UInt32, _ body: (inout Bucket) -> R) -> R {
+    /// Root is not budgeted: it owns the vault and the disk, so bounding it protects no one,
+    /// and its requests must never be refused because of others.
+    private func withBucket<R>(_ uid: UInt32, _ body: (inout Bucket) -> R) -> R? {
+        guard uid != 0 else { return nil }
         let now = currentMicroseconds()
         return buckets.withLock { all in
             var b = all[uid] ?? Bucket(tokens: Double(Self.burstBytes), stamp: now)
@@ -57,7 +61,7 @@ final class AuditBudget: Sendable {
             if b.tokens > 0 { return true }
             b.refused += 1
             return false
-        }
+        } ?? true
     }
 
     /// Counts a request refused without an entry of its own (e.g. at the connection cap).
@@ -119,16 +123,9 @@ extension Broker {
         for (uid, count) in budget.takeBursts(all: all) {
             let record = AuditRecord(callerUID: uid, callerPID: 0, executable: "", operation: .refusedBurst,
                                      decision: .denied, reason: "count=\(count)", outcome: .busy)
-            let ok = withStore { store -> Bool in
-                do throws(StoreError) {
-                    try store.append(record)
-                    return true
-                } catch {
-                    return false
-                }
+            if case .failure = transact(record, { (store) throws(StoreError) in try store.append(record) }) {
+                budget.restore(uid: uid, count: count)
             }
-            committed(record, ok)
-            if !ok { budget.restore(uid: uid, count: count) }
         }
     }
 }

@@ -3,6 +3,7 @@ import Synchronization
 import CKeyholdOS
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 
 /// `keyholdd`'s start-up: harden the process, open the vault, listen, serve until SIGTERM.
 public enum BrokerMain {

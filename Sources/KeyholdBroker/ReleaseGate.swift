@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// A denial: the outcome the caller sees, and a short non-secret detail.

@@ -1,6 +1,7 @@
 import Glibc
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// One client connection: one request, its conversation, one response. Every request the
@@ -226,24 +227,16 @@ struct Session {
         if appPassword != nil { method = method.adding(.appPassword) }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        let opened: Result<SecureBytes, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let secret = try store.openSecret(item, appPassword: appPassword)
-                let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-                do throws(StoreError) {
-                    try store.append(record)
-                } catch {
-                    secret.wipe()
-                    broker.committed(record, false)
-                    return .failure(Denial(.auditUnavailable))
-                }
-                broker.committed(record, true)
-                return .success(secret)
-            } catch .appPasswordWrong {
-                return .failure(Denial(.authenticationFailed, "wrong application password"))
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
+        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        let opened: Result<SecureBytes, Denial>
+        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
+            let secret = try store.openSecret(item, appPassword: appPassword)
+            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
+            return secret
+        }, discard: { $0.wipe() }) {
+        case .success(let secret): opened = .success(secret)
+        case .failure(.appPasswordWrong): opened = .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): opened = .failure(Denial(error.outcome))
         }
         switch opened {
         case .success(let secret):
@@ -332,26 +325,13 @@ struct Session {
         }
         let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
                               access: access, biometryState: biometryState)
-        let result: Result<StoredItem, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
-                do throws(StoreError) {
-                    let stored: StoredItem
-                    if let existing {
-                        stored = try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
-                    } else {
-                        stored = try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
-                    }
-                    broker.committed(audit, true)
-                    return .success(stored)
-                } catch .auditWriteFailed {
-                    broker.committed(audit, false)
-                    throw .auditWriteFailed
-                }
-            } catch {
-                return .failure(Denial(error.outcome))
+        let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
+            if let existing {
+                return try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
             }
-        }
+            return try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success: return Response(.ok)
         case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
@@ -370,21 +350,10 @@ struct Session {
         case .success(let found?): item = found
         }
         // Like SecItemDelete, removing an item needs no authentication: the caller's uid owns it.
-        let result: Result<Void, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
-                do throws(StoreError) {
-                    try store.delete(item, audit: audit)
-                } catch .auditWriteFailed {
-                    broker.committed(audit, false)
-                    throw .auditWriteFailed
-                }
-                broker.committed(audit, true)
-                return .success(())
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
+        let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            try store.delete(item, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success: return Response(.ok)
         case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
@@ -397,20 +366,13 @@ struct Session {
     /// decision with the integrity outcome so the audit shows what happened.
     private func deleteDamaged(_ request: Request, _ ref: ItemReference) -> Response {
         let audit = event(request, .delete, decision: .error, outcome: .integrityFailure).record()
-        let result: Result<Void, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
-                return .success(())
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success:
-            broker.committed(audit, true)
             return Response(.ok, detail: "the item was damaged; it has been removed")
         case .failure(let d) where d.outcome == .auditUnavailable:
-            broker.committed(audit, false)
             return Response(.auditUnavailable)
         case .failure(let d): return deny(request, .delete, item: nil, d)
         }
@@ -434,7 +396,8 @@ struct Session {
             let infos = found.items.map { i in
                 ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
                          policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
-                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
+                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
+                         generation: i.generation)
             }
             for payload in BrokerMessage.encodedItemBatches(infos) {
                 do throws(FrameError) {

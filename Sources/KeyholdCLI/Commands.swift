@@ -190,6 +190,7 @@ public enum KeyholdCommand {
                     ("allowed_executables", .array(i.allowedExecutables.map { .string($0) })),
                     ("reuse_seconds", .number(Int64(i.reuseSeconds))),
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
+                    ("generation", .number(Int64(clamping: i.generation))),
                 ]) + "\n")
             }
             return

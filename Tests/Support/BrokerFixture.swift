@@ -1,10 +1,16 @@
 import Foundation
 import Glibc
 
+/// A test that writes to a child's stdin or a socket the broker already closed (a busy
+/// answer, a frame deadline) must see EPIPE, not kill the whole test process with SIGPIPE.
+/// Runs once, from every fixture and command helper.
+public let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN); return () }()
+
 /// Where the built products and the repository are, seen from a test process.
 public enum TestPaths {
     /// The directory holding `keyholdd` and `keyhold` (next to the test bundle).
     public static let products: String = {
+        ignoreBrokenPipes
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var dir = URL(fileURLWithPath: exe).deletingLastPathComponent()
         // swift-testing may run the bundle from inside <name>.xctest/…
@@ -15,7 +21,13 @@ public enum TestPaths {
     }()
 
     public static var keyholdd: String { products + "/keyholdd" }
-    public static var keyhold: String { products + "/keyhold" }
+    /// The CLI is linked statically, so no test target may depend on it (SwiftPM would link its
+    /// flags into the test bundle); `swift build --build-tests` builds it beside `keyholdd`.
+    public static var keyhold: String {
+        let path = products + "/keyhold"
+        precondition(access(path, X_OK) == 0, "\(path) is not built: run `swift build --build-tests` first")
+        return path
+    }
 
     /// The repository root (for `pam/test` and `schema.sql`).
     public static let repository: String = URL(fileURLWithPath: #filePath)
@@ -57,6 +69,7 @@ public struct CommandResult: Sendable {
 @discardableResult
 public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [], environment: [String: String] = [:],
                        asUser: String? = nil) -> CommandResult {
+    ignoreBrokenPipes
     let p = Process()
     var args = arguments
     var exe = path
@@ -123,6 +136,7 @@ public final class BrokerFixture: @unchecked Sendable {
     /// Passwords for pam_matrix: user → password.
     public init(passwords: [String: String] = ["root": "right-password"], environment: [String: String] = [:],
                 fprintStateDirectory: String? = nil, pamDirectory: String? = nil, extraArguments: [String] = []) throws {
+        ignoreBrokenPipes
         directory = TestPaths.temporaryDirectory("khb")
         chmod(directory, 0o755)  // an unprivileged test user must reach the socket
         stateDirectory = directory + "/state"

@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// File-system checks and creation for the state directory and the vault key file. Every
 /// path is checked with lstat/O_NOFOLLOW (a symlink is refused, not followed), and every

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// What a request did, by a stable name (stored and shown; never renamed).
 public enum AuditOperation: String, Sendable, CaseIterable {
     case put, update, get, delete, list, state, lock, biometry
