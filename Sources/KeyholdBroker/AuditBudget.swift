@@ -53,8 +53,11 @@ final class AuditBudget: Sendable {
 
     /// True when `uid` may have a request carried out (and so audited); otherwise the refusal
     /// is counted for its next `refused-burst` entry.
+    /// Root is not limited: it can fill the disk without the broker, and its bulk work
+    /// (imports, scripts) must not be refused.
     func admit(uid: UInt32) -> Bool {
-        withBucket(uid) { b in
+        if uid == 0 { return true }
+        return withBucket(uid) { b in
             if b.tokens > 0 { return true }
             b.refused += 1
             return false
@@ -67,6 +70,7 @@ final class AuditBudget: Sendable {
     }
 
     func charge(uid: UInt32, bytes: Int) {
+        if uid == 0 { return }
         withBucket(uid) { $0.tokens -= Double(bytes) }
     }
 
