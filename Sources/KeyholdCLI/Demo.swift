@@ -69,12 +69,7 @@ enum Demo {
         do throws(KeyholdError) {
             let token = SecureBytes.random(count: 24)
             let hex = SecureBytes(count: 48)
-            hex.withUnsafeMutableBytes { out in
-                token.withUnsafeBytes { raw in
-                    let digits = Array("0123456789abcdef".utf8)
-                    for (i, b) in raw.enumerated() { out[2 * i] = digits[Int(b >> 4)]; out[2 * i + 1] = digits[Int(b & 15)] }
-                }
-            }
+            hex.withUnsafeMutableBytes { out in token.withUnsafeBytes { Hex.encode($0, into: out) } }
             try vault.add(hex, service: "oauth.example.com", account: user, label: "demo refresh token", kind: .refreshToken,
                           access: AccessControl(policy: Policy(constraints: [.devicePasscode])))
             Output.out("1. put    oauth.example.com / \(user): a \(hex.count)-byte refresh token, policy device-passcode\n")
