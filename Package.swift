@@ -1,9 +1,9 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-// Keyhold: a credential vault for Linux. See ../shared/DESIGN.md and SECURITY.md.
-// Each target has one job; the privileged broker stays small and untrusted input is
-// parsed only in KeyholdProtocol.
+// Keyhold: a credential vault for Linux. See docs/ARCHITECTURE.md and SECURITY.md.
+// Each target has one job; only the broker links the vault (keys, store, audit chain), and
+// every parser of untrusted bytes is listed in SECURITY.md ("Untrusted input").
 let package = Package(
     name: "Keyhold",
     products: [

@@ -167,16 +167,7 @@ public enum KeyholdCommand {
         let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
                                       reason: c.value("--reason"), interaction: interaction)
         defer { secret.wipe() }
-        let ok = secret.withUnsafeBytes { raw -> Bool in
-            var done = 0
-            while done < raw.count {
-                let n = write(1, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        }
+        let ok = secret.withUnsafeBytes { DescriptorIO.writeAll(1, $0) == 0 }
         if !ok { throw .other("could not write the secret to standard output") }
     }
 

@@ -14,6 +14,10 @@ func option(_ name: String, _ fallback: Int) -> Int {
     guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
     return v
 }
+if let i = args.firstIndex(of: "--verify-state"), i + 1 < args.count {
+    verifyExisting(args[i + 1], repeats: option("--repeat", 3))
+    exit(0)
+}
 let maxItems = option("--items", 100_000)
 let auditEntries = option("--audit-entries", 1_000_000)
 let bin = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? args[0])

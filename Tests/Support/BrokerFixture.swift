@@ -143,7 +143,7 @@ public final class BrokerFixture: @unchecked Sendable {
         stateDirectory = directory + "/state"
         socketPath = directory + "/k.sock"
         passdb = directory + "/passdb"
-        self.pamDirectory = pamDirectory ?? TestPaths.repository + "/pam/test"
+        self.pamDirectory = pamDirectory ?? PAMTestStacks.directory
         // Never the machine's /var/lib/fprint: an empty store unless a test brings fprintd's.
         let emptyPrints = directory + "/no-prints"
         if fprintStateDirectory == nil { mkdir(emptyPrints, 0o700) }
