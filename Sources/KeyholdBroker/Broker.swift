@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// The broker's shared state: the store (one SQLite connection, used under a lock: every
@@ -15,9 +16,14 @@ public final class Broker: Sendable {
     let anchor: RollbackAnchor?
     /// With the TPM protector: the NV counter, advanced after changes that matter.
     let counter: TPMRollbackCounter?
+    /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
+    let budget = AuditBudget()
+    let reserve: FreeSpaceReserve
     private let store: Mutex<VaultStore>
+    /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
+    let group = GroupCommit()
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog,
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
          counter: TPMRollbackCounter? = nil) {
         self.protection = protection
@@ -26,15 +32,22 @@ public final class Broker: Sendable {
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
+        self.reserve = reserve
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
         store.withLock { store in
             let result = body(store)
-            counter?.advance(store)
-            anchor?.advance(store)
+            advanceRollbackGuards(store)
             return result
         }
+    }
+
+    /// After every store call, still under the lock and before any member of a group commit
+    /// is answered: the TPM counter and the anchor file follow the committed head.
+    private func advanceRollbackGuards(_ store: VaultStore) {
+        counter?.advance(store)
+        anchor?.advance(store)
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers
@@ -42,21 +55,47 @@ public final class Broker: Sendable {
     @discardableResult
     func audit(_ event: AuditEvent) -> Bool {
         let record = event.record()
-        let ok = withStore { store -> Bool in
+        if case .success = transact(record, { (store) throws(StoreError) in try store.append(record) }) { return true }
+        return false
+    }
+
+    /// Audit, then act: `body` writes `record` and the change or release it belongs to, as one
+    /// member of a group commit. Its value is returned only once the commit holding the entry
+    /// is durable; if that commit fails, `discard` gets the value (to wipe a secret) and the
+    /// result is `.auditWriteFailed`. The entry's system-log copy follows the commit.
+    func transact<R>(_ record: AuditRecord, _ body: (VaultStore) throws(StoreError) -> R,
+                     discard: (R) -> Void = { _ in }) -> Result<R, StoreError> {
+        var result: Result<R, StoreError> = .failure(.auditWriteFailed)
+        let committed = group.run({ store in
             do throws(StoreError) {
-                try store.append(record)
+                result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
                 return true
             } catch {
+                result = .failure(error)
                 return false
             }
+        }, withStore: { work in
+            store.withLock { store in
+                work(store)
+                advanceRollbackGuards(store)
+            }
+        })
+        if case .success(let value) = result, !committed {
+            discard(value)
+            result = .failure(.auditWriteFailed)
         }
-        committed(record, ok)
-        return ok
+        switch result {
+        case .success: self.committed(record, true)
+        case .failure(.auditWriteFailed): self.committed(record, false)
+        case .failure: break  // refused before anything was written (its denial is audited apart)
+        }
+        return result
     }
 
     /// After an audit entry's transaction: its copy to the system log, or the failure.
     func committed(_ record: AuditRecord, _ ok: Bool) {
         if ok {
+            budget.charge(uid: record.callerUID, bytes: AuditBudget.cost(record))
             syslog.record(record)
         } else {
             log("audit entry could not be written; request refused")

@@ -1,4 +1,5 @@
 import KeyholdCore
+import KeyholdVault
 import KeyholdTPM
 
 /// Command line of `keyholdd`. Small on purpose: every option is one an administrator or a
@@ -26,12 +27,15 @@ public struct BrokerOptions: Sendable, Equatable {
     /// without a TPM), and the administrator's decision to serve a vault that is behind it.
     public var rollbackAnchor: String?
     public var acceptRollback = false
+    /// Free space (bytes) kept on the state directory's file system for the broker's own audit
+    /// writes: item writes that would eat into it are refused.
+    public var freeSpaceReserve: UInt64 = 64 << 20
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
                         [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
                         [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
-                        [--rollback-anchor PATH [--accept-rollback]]
+                        [--rollback-anchor PATH [--accept-rollback]] [--free-space-reserve BYTES]
                keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
@@ -52,6 +56,8 @@ public struct BrokerOptions: Sendable, Equatable {
           --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
                                   refuse a vault restored from an older copy
           --accept-rollback       serve such a vault anyway (audited), and re-anchor it
+          --free-space-reserve BYTES  free space kept for audit entries; item writes that
+                                  would eat into it are refused (default 67108864, 64 MiB)
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }
@@ -74,6 +80,9 @@ public struct BrokerOptions: Sendable, Equatable {
             case "--pam-dir": pamDirectory = try value(a)
             case "--fprint-state-dir": fprintStateDirectory = try value(a)
             case "--syslog-socket": syslogSocket = try value(a)
+            case "--free-space-reserve":
+                guard let n = UInt64(try value(a)) else { throw .bad("--free-space-reserve wants a number of bytes") }
+                freeSpaceReserve = n
             case "--socket-mode":
                 let v = try value(a)
                 guard let m = UInt32(v, radix: 8), m <= 0o777 else { throw .bad("--socket-mode wants an octal mode such as 660") }

@@ -1,5 +1,6 @@
 import Glibc
 import KeyholdCore
+import KeyholdVault
 
 /// `keyholdd --migrate-key-protector tpm|file`: converts the vault key in place.
 ///

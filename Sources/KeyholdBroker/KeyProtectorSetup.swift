@@ -1,5 +1,6 @@
 import Glibc
 import KeyholdCore
+import KeyholdVault
 import KeyholdTPM
 
 /// `--key-protector`: which protector keeps the vault key.

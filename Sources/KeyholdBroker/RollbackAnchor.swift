@@ -1,6 +1,7 @@
 import Glibc
 import Synchronization
 import KeyholdCore
+import KeyholdVault
 
 /// `--rollback-anchor PATH`: the audit head's sequence number, also written to a file outside
 /// the state directory after every store call that moved it. At start, a vault whose head is

@@ -1,4 +1,5 @@
 import KeyholdCore
+import KeyholdVault
 import KeyholdTPM
 
 /// The vault key sealed by the TPM (`vault.key.tpm`). The TPM is reached only while the key

@@ -1,6 +1,7 @@
 import Glibc
 import Synchronization
 import KeyholdCore
+import KeyholdVault
 import KeyholdTPM
 
 /// Rollback detection with the TPM key protector (issue 13 item 2): a TPM NV counter per

@@ -21,7 +21,7 @@ import KeyholdTestSupport
         let outside = TestPaths.temporaryDirectory("kha")
         defer { try? FileManager.default.removeItem(atPath: outside) }
         let anchor = outside + "/anchor"
-        let b = try BrokerFixture(arguments: ["--key-protector", "file", "--rollback-anchor", anchor])
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
         #expect(b.brokerLog.contains("rollback of the state directory alone is detected by the anchor"))
         #expect(b.cli(["status"]).stdoutText == "key-protector=file rollback-detection=anchor-file\n")
         #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
@@ -66,7 +66,7 @@ import KeyholdTestSupport
         let outside = TestPaths.temporaryDirectory("kha")
         defer { try? FileManager.default.removeItem(atPath: outside) }
         let anchor = outside + "/anchor"
-        let b = try BrokerFixture(arguments: ["--key-protector", "file", "--rollback-anchor", anchor])
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
         #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
         b.stop()
         copy(b.stateDirectory, b.directory + "/snapshot")
@@ -85,7 +85,7 @@ import KeyholdTestSupport
         let outside = TestPaths.temporaryDirectory("kha")
         defer { try? FileManager.default.removeItem(atPath: outside) }
         let anchor = outside + "/anchor"
-        let b = try BrokerFixture(arguments: ["--key-protector", "file", "--rollback-anchor", anchor])
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
         #expect(b.cli(["put", "a", "b"], stdin: Array("v".utf8)).status == 0)
         b.stop()
         let good = try String(contentsOfFile: anchor, encoding: .utf8)
@@ -99,7 +99,7 @@ import KeyholdTestSupport
             #expect(r.status == 13 && r.stderr.contains("altered, or belongs to another vault"), "\(bad): \(r.stderr)")
         }
         // Another vault's anchor.
-        let other = try BrokerFixture(arguments: ["--rollback-anchor", outside + "/other-anchor"])
+        let other = try BrokerFixture(extraArguments: ["--rollback-anchor", outside + "/other-anchor"])
         other.stop()
         let r = startOnce(b, ["--rollback-anchor", outside + "/other-anchor"])
         #expect(r.status == 13 && r.stderr.contains("belongs to another vault"), "\(r.stderr)")

@@ -23,7 +23,7 @@ import KeyholdTestSupport
 
     @Test func opensAfterRestartButNotOnAnotherTPMOrAfterClear() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: tpmArguments(tpm))
+        let b = try BrokerFixture(extraArguments: tpmArguments(tpm))
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
         b.stop()
         try b.start()
@@ -57,7 +57,7 @@ import KeyholdTestSupport
 
     @Test func noByteOfTheVaultKeyInTheStateDirectory() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: ["--key-protector", "file"])
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
         #expect(b.cli(["status"]).stdoutText.hasPrefix("key-protector=file "))
         b.stop()
@@ -89,7 +89,7 @@ import KeyholdTestSupport
     /// step gets a fresh TPM (restoring the same base copy on one TPM would be a rollback).
     @Test func migrationSurvivesKillAtEveryStep() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: ["--key-protector", "file"])
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
         b.stop()
         let baseFile = b.directory + "/base-file", baseTPM = b.directory + "/base-tpm"
@@ -133,7 +133,7 @@ import KeyholdTestSupport
     /// next start fails closed.
     @Test func tpmDisappearingFailsClosed() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: tpmArguments(tpm))
+        let b = try BrokerFixture(extraArguments: tpmArguments(tpm))
         #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: secret).status == 0)
         #expect(b.cli(["put", "open", "x"], stdin: Array("free".utf8)).status == 0)
         tpm.stop()
@@ -165,7 +165,7 @@ import KeyholdTestSupport
 
     @Test func restoredCopyIsRefusedUntilAcceptedAndReadsCostNoIncrement() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: args(tpm))
+        let b = try BrokerFixture(extraArguments: args(tpm))
         #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
         #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: Array("g".utf8)).status == 0)
         b.stop()
@@ -211,7 +211,7 @@ import KeyholdTestSupport
     /// bound to an audit head the older copy does not have.
     @Test func newerCounterRecordInAnOlderCopyIsIntegrity() throws {
         let tpm = try SoftwareTPM()
-        let b = try BrokerFixture(arguments: args(tpm))
+        let b = try BrokerFixture(extraArguments: args(tpm))
         #expect(b.cli(["put", "a", "b"], stdin: Array("v".utf8)).status == 0)
         b.stop()
         let snapshot = b.directory + "/snapshot"

@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// How the vault key is kept at rest in the state directory.
 public enum KeyProtectorKind: String, Sendable, CaseIterable {
