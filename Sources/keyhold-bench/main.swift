@@ -56,7 +56,7 @@ defer { try? FileManager.default.removeItem(atPath: dir) }
 let state = dir + "/state", socketPath = dir + "/k.sock"
 let broker = Process()
 broker.executableURL = URL(fileURLWithPath: bin + "/keyholdd")
-broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir]
+broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir, "--key-protector", "file"]
 broker.standardError = FileHandle.nullDevice
 try! broker.run()
 let vault = Vault(socketPath: socketPath)
