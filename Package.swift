@@ -10,6 +10,8 @@ let package = Package(
         .executable(name: "keyholdd", targets: ["keyholdd"]),
         .executable(name: "keyhold", targets: ["keyhold"]),
         .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
+        .executable(name: "git-credential-keyhold", targets: ["git-credential-keyhold"]),
+        .executable(name: "docker-credential-keyhold", targets: ["docker-credential-keyhold"]),
     ],
     targets: [
         // C libraries from Debian's -dev packages. Module maps and shims only, no logic.
@@ -37,6 +39,11 @@ let package = Package(
         // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
         .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS"]),
 
+        // git-credential and docker-credential helpers: their protocol parsing and the one item mapping.
+        .target(name: "KeyholdCredentialHelpers", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdCLI"]),
+        .executableTarget(name: "git-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"]),
+        .executableTarget(name: "docker-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"]),
+
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
         .executableTarget(name: "keyhold", dependencies: ["KeyholdCLI"]),
         .executableTarget(name: "keyhold-bench", dependencies: ["KeyholdClient", "KeyholdCore"]),
@@ -47,8 +54,10 @@ let package = Package(
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
+        .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
-        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdTestSupport", "keyholdd", "keyhold"]),
+        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdTestSupport", "keyholdd", "keyhold",
+                                                                  "git-credential-keyhold", "docker-credential-keyhold"]),
     ]
 )
