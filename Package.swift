@@ -10,6 +10,8 @@ let package = Package(
         .executable(name: "keyholdd", targets: ["keyholdd"]),
         .executable(name: "keyhold", targets: ["keyhold"]),
         .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
+        .executable(name: "git-credential-keyhold", targets: ["git-credential-keyhold"]),
+        .executable(name: "docker-credential-keyhold", targets: ["docker-credential-keyhold"]),
     ],
     targets: [
         // C libraries from Debian's -dev packages. Module maps and shims only, no logic.
@@ -41,6 +43,14 @@ let package = Package(
         // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
         .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS"]),
 
+        // git-credential and docker-credential helpers: their protocol parsing and the one item mapping.
+        .target(name: "KeyholdCredentialHelpers", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdCLI"]),
+        // Static like `keyhold`, for the same reason: git and docker start them once per credential.
+        .executableTarget(name: "git-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"],
+                          linkerSettings: [.unsafeFlags(["-static-executable"])]),
+        .executableTarget(name: "docker-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"],
+                          linkerSettings: [.unsafeFlags(["-static-executable"])]),
+
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
         // Linked fully static (Swift runtime, libsodium, libc): the CLI runs once per `get`, and the
         // dynamic loader was a third of its start-up. See scripts/bench.sh for the measurement.
@@ -56,6 +66,7 @@ let package = Package(
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit), against a real SQLite vault.
         .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
+        .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),

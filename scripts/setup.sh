@@ -11,6 +11,7 @@ packages=(
   libglib2.0-bin                              # gdbus, used by the fingerprint test harness
   util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
   tmux                                        # a real terminal for the prompt tests
+  git python3 skopeo                          # credential helper tests: real git over smart HTTP, skopeo credHelpers
 )
 
 missing=()
