@@ -11,6 +11,8 @@ packages=(
   libglib2.0-bin                              # gdbus, used by the fingerprint test harness
   util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
   tmux                                        # a real terminal for the prompt tests
+  libsystemd-dev libssl-dev                   # sd-bus and libcrypto for the Secret Service agent
+  libsecret-tools python3-secretstorage python3-keyring gnome-keyring  # Secret Service clients; benchmark peer
 )
 
 missing=()

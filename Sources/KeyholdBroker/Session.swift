@@ -61,6 +61,12 @@ struct Session {
     // MARK: dispatch
 
     private func handle(_ request: Request) -> Response {
+        var request = request
+        switch checkClaim(request) {
+        case .none: break
+        case .claimed(let r): request = r
+        case .refused(let d): return deny(request, .invalid, item: nil, d)
+        }
         switch request.operation {
         case .put: return put(request)
         case .get: return get(request)
@@ -168,6 +174,7 @@ struct Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
+        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
         var method: AuthMethod
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
