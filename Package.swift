@@ -12,12 +12,18 @@ let package = Package(
         .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
         .executable(name: "git-credential-keyhold", targets: ["git-credential-keyhold"]),
         .executable(name: "docker-credential-keyhold", targets: ["docker-credential-keyhold"]),
+        .executable(name: "keyhold-secret-service", targets: ["keyhold-secret-service"]),
     ],
     targets: [
         // C libraries from Debian's -dev packages. Module maps and shims only, no logic.
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CPAM", pkgConfig: "pam", providers: [.apt(["libpam0g-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // sd-bus (libsystemd) for the Secret Service agent only; never linked into the broker.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // The Secret Service session crypto (modp-1024 DH, HKDF-SHA256, AES-128-CBC) on OpenSSL's
+        // libcrypto, which libsodium lacks. The agent's target only.
+        .target(name: "CKeyholdSS", linkerSettings: [.linkedLibrary("crypto")]),
         // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
         .target(name: "CKeyholdOS"),
 
@@ -50,6 +56,10 @@ let package = Package(
                           linkerSettings: [.unsafeFlags(["-static-executable"])]),
         .executableTarget(name: "docker-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"],
                           linkerSettings: [.unsafeFlags(["-static-executable"])]),
+        // The Secret Service agent: D-Bus object tree, session crypto, attribute mapping. Runs as
+        // the user, holds no key, forwards to the broker. All parsing of bus input is here.
+        .target(name: "KeyholdSecretService", dependencies: ["KeyholdClient", "KeyholdCLI", "KeyholdCore", "CSystemd", "CKeyholdSS"]),
+        .executableTarget(name: "keyhold-secret-service", dependencies: ["KeyholdSecretService"]),
 
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
         // Linked fully static (Swift runtime, libsodium, libc): the CLI runs once per `get`, and the
@@ -69,6 +79,10 @@ let package = Package(
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
+        // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
+        .testTarget(name: "KeyholdSecretServiceTests",
+                    dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",
+                                   "keyholdd", "keyhold-secret-service"]),
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
     ]
 )

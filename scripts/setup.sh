@@ -12,6 +12,8 @@ packages=(
   util-linux passwd                           # setsid, setpriv, prlimit; useradd for the second-user tests
   tmux                                        # a real terminal for the prompt tests
   git python3 skopeo                          # credential helper tests: real git over smart HTTP, skopeo credHelpers
+  libsystemd-dev libssl-dev                   # sd-bus and libcrypto for the Secret Service agent
+  libsecret-tools python3-secretstorage python3-keyring gnome-keyring  # Secret Service clients; benchmark peer
 )
 
 missing=()
