@@ -78,11 +78,11 @@ let package = Package(
         .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
-        // Real broker over its real socket, driven through the client library and the CLI.
         // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
         .testTarget(name: "KeyholdSecretServiceTests",
                     dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",
                                    "keyholdd", "keyhold-secret-service"]),
+        // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
     ]
 )

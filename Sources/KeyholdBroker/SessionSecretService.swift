@@ -1,6 +1,7 @@
 import Glibc
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// What the broker makes of a request relayed by the Secret Service agent. The agent is a
