@@ -24,6 +24,8 @@ let package = Package(
         // The Secret Service session crypto (modp-1024 DH, HKDF-SHA256, AES-128-CBC) on OpenSSL's
         // libcrypto, which libsodium lacks. The agent's target only.
         .target(name: "CKeyholdSS", linkerSettings: [.linkedLibrary("crypto")]),
+        // The TPM2 software stack (ESAPI, TCTI loader, marshalling) for the broker's key protector.
+        .systemLibrary(name: "CTSS2", pkgConfig: "tss2-esys", providers: [.apt(["libtss2-dev"])]),
         // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
         .target(name: "CKeyholdOS"),
 
@@ -41,8 +43,11 @@ let package = Package(
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore", "CKeyholdOS"]),
         // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
         .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
+        // TPM 2.0 through the TSS (ESAPI): sealing the vault key. Its parsing of TPM-made bytes
+        // (the sealed-key file) is one of the untrusted-input parsers. Linked into the broker only.
+        .target(name: "KeyholdTPM", dependencies: ["CTSS2"]),
         // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.
-        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdProtocol", "KeyholdAuth", "CKeyholdOS"]),
+        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdProtocol", "KeyholdAuth", "KeyholdTPM", "CKeyholdOS"]),
         // The Swift API applications call. Holds no keys.
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 
@@ -77,6 +82,8 @@ let package = Package(
         // The broker's own parts driven directly (group commit), against a real SQLite vault.
         .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
+        // Against Debian's swtpm, started by the tests.
+        .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
         // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
         .testTarget(name: "KeyholdSecretServiceTests",

@@ -13,19 +13,35 @@ public final class Broker: Sendable {
     /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
     let budget = AuditBudget()
     let reserve: FreeSpaceReserve
+    /// How the vault key is kept, for `keyhold status`.
+    let protection: VaultProtection
+    /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
+    let anchor: RollbackAnchor?
+    /// With the TPM protector: the NV counter, advanced after changes that matter.
+    let counter: TPMRollbackCounter?
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
+         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
+         counter: TPMRollbackCounter? = nil) {
+        self.reserve = reserve
+        self.protection = protection
+        self.anchor = anchor
+        self.counter = counter
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
-        self.reserve = reserve
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
-        store.withLock { body($0) }
+        store.withLock { store in
+            let result = body(store)
+            counter?.advance(store)
+            anchor?.advance(store)
+            return result
+        }
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers
@@ -52,7 +68,7 @@ public final class Broker: Sendable {
                 result = .failure(error)
                 return false
             }
-        }, withStore: { work in store.withLock { work($0) } })
+        }, withStore: { work in withStore(work) })
         if case .success(let value) = result, !committed {
             discard(value)
             result = .failure(.auditWriteFailed)

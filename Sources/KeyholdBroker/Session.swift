@@ -122,6 +122,7 @@ struct Session {
         case .auditVerify: return auditVerify(request)
         case .auditPrune: return auditPrune(request)
         case .auditVerifyExport: return auditVerifyExport(request)
+        case .status: return status(request)
         }
     }
 
@@ -449,6 +450,12 @@ struct Session {
             guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
             return r
         }
+    }
+
+    /// Anyone may ask how the vault is protected; nothing about items.
+    private func status(_ request: Request) -> Response {
+        guard broker.audit(event(request, .status, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok, detail: broker.protection.statusText)
     }
 
     private func lock(_ request: Request) -> Response {

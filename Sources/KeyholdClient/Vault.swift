@@ -112,6 +112,11 @@ public struct Vault: Sendable {
         return (state, response.secondsLeft)
     }
 
+    /// How the broker protects the vault: `key-protector=KIND rollback-detection=...`.
+    public func protectionStatus() throws(KeyholdError) -> String {
+        try perform(Request(.status), interaction: nil).detail ?? ""
+    }
+
     /// Ends every authentication reuse window of the caller at once.
     public func lock() throws(KeyholdError) {
         _ = try perform(Request(.lock), interaction: nil)

@@ -6,6 +6,9 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     /// Checks an exported audit file: the request carries its header, `auditRows` batches
     /// and an `auditRowsEnd` marker follow on the same connection.
     case auditVerifyExport
+    /// How the vault is protected (key protector, rollback detection); the answer's `detail`
+    /// is `key-protector=KIND rollback-detection=none|tpm-counter`.
+    case status
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state].contains(self) }

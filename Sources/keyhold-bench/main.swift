@@ -215,4 +215,5 @@ if auditEntries > 0 {
     report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
     store.close()
 }
+measureTPMCost(bin: bin)  // issue 13: what the TPM key protector adds (TPMCost.swift)
 print(String(repeating: "-", count: 100))

@@ -48,10 +48,12 @@ public final class VaultStore {
     ///
     /// - Parameter passwordHashing: Argon2id limits for new app-password items. Keep the default;
     ///   `.interactive` exists for tests.
-    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate) throws(StoreError) -> VaultStore {
+    /// - Parameter keyProtector: how the vault key is kept at rest (`vault.key` by default).
+    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate,
+                            keyProtector: any VaultKeyProtector = FileKeyProtector()) throws(StoreError) -> VaultStore {
         Sodium.ready()
         try StateDirectory.prepare(stateDirectory)
-        let keyPath = stateDirectory + "/" + StateDirectory.keyFileName
+        let keyPath = stateDirectory + "/" + keyProtector.kind.fileName
         let dbPath = stateDirectory + "/" + StateDirectory.databaseFileName
 
         // Identify an existing database before touching the key file or writing anything.
@@ -69,11 +71,16 @@ public final class VaultStore {
 
         let key: VaultKey
         if try StateDirectory.exists(keyPath) {
-            key = try StateDirectory.readKey(keyPath)
+            key = try keyProtector.load(path: keyPath)
         } else {
             // A vault without its key cannot be recovered by making a new one.
             guard existingVersion == 0 else { throw .keyFileInvalid }
-            key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            if keyProtector.kind == .file {
+                key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            } else {
+                key = VaultKey.generate()
+                try KeyFiles.replace(keyPath, with: try keyProtector.protect(key), directory: stateDirectory)
+            }
         }
 
         let store = VaultStore(db: db, key: key, stateDirectory: stateDirectory, passwordHashing: passwordHashing)
