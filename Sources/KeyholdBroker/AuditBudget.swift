@@ -37,8 +37,8 @@ final class AuditBudget: Sendable {
         b.stamp = now
     }
 
-    /// Root is not budgeted: it owns the vault and the disk, so bounding it protects no one,
-    /// and its requests must never be refused because of others.
+    /// Root is not budgeted: it can fill the disk without the broker, it owns the vault, and its
+    /// bulk work (imports, scripts) must not be refused.
     private func withBucket<R>(_ uid: UInt32, _ body: (inout Bucket) -> R) -> R? {
         guard uid != 0 else { return nil }
         let now = currentMicroseconds()
@@ -53,11 +53,8 @@ final class AuditBudget: Sendable {
 
     /// True when `uid` may have a request carried out (and so audited); otherwise the refusal
     /// is counted for its next `refused-burst` entry.
-    /// Root is not limited: it can fill the disk without the broker, and its bulk work
-    /// (imports, scripts) must not be refused.
     func admit(uid: UInt32) -> Bool {
-        if uid == 0 { return true }
-        return withBucket(uid) { b in
+        withBucket(uid) { b in
             if b.tokens > 0 { return true }
             b.refused += 1
             return false
@@ -70,7 +67,6 @@ final class AuditBudget: Sendable {
     }
 
     func charge(uid: UInt32, bytes: Int) {
-        if uid == 0 { return }
         withBucket(uid) { $0.tokens -= Double(bytes) }
     }
 

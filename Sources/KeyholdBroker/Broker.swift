@@ -10,15 +10,15 @@ import KeyholdProtocol
 public final class Broker: Sendable {
     let gate: ReleaseGate
     let syslog: AuditSyslog
+    /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
+    let budget = AuditBudget()
+    let reserve: FreeSpaceReserve
     /// How the vault key is kept, for `keyhold status`.
     let protection: VaultProtection
     /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
     let anchor: RollbackAnchor?
     /// With the TPM protector: the NV counter, advanced after changes that matter.
     let counter: TPMRollbackCounter?
-    /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
-    let budget = AuditBudget()
-    let reserve: FreeSpaceReserve
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
@@ -26,13 +26,13 @@ public final class Broker: Sendable {
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
          counter: TPMRollbackCounter? = nil) {
+        self.reserve = reserve
         self.protection = protection
         self.anchor = anchor
         self.counter = counter
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
-        self.reserve = reserve
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
@@ -74,12 +74,7 @@ public final class Broker: Sendable {
                 result = .failure(error)
                 return false
             }
-        }, withStore: { work in
-            store.withLock { store in
-                work(store)
-                advanceRollbackGuards(store)
-            }
-        })
+        }, withStore: { work in withStore(work) })
         if case .success(let value) = result, !committed {
             discard(value)
             result = .failure(.auditWriteFailed)

@@ -63,7 +63,6 @@ public enum BrokerMain {
             fail("cannot listen on \(options.socketPath): \(error)")
         }
         startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
-        broker.log(KeyProtectorSetup.startLine(protector, options))
         // Counted refusals become refused-burst entries once each uid's audit budget refills.
         BrokerThread.start {
             while true {
@@ -71,6 +70,7 @@ public enum BrokerMain {
                 broker.flushRefusedBursts()
             }
         }
+        broker.log(KeyProtectorSetup.startLine(protector, options))
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }

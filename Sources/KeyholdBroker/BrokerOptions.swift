@@ -15,6 +15,9 @@ public struct BrokerOptions: Sendable, Equatable {
     public var fprintStateDirectory = "/var/lib/fprint"
     /// The system log socket that receives a copy of each audit entry.
     public var syslogSocket = "/dev/log"
+    /// Free space (bytes) kept on the state directory's file system for the broker's own audit
+    /// writes: item writes that would eat into it are refused.
+    public var freeSpaceReserve: UInt64 = 64 << 20
     /// How the vault key is kept at rest (see KeyProtectorSetup).
     public var keyProtector = KeyProtectorChoice.auto
     /// The TSS TCTI of the TPM: the kernel's resource manager unless told otherwise.
@@ -27,15 +30,13 @@ public struct BrokerOptions: Sendable, Equatable {
     /// without a TPM), and the administrator's decision to serve a vault that is behind it.
     public var rollbackAnchor: String?
     public var acceptRollback = false
-    /// Free space (bytes) kept on the state directory's file system for the broker's own audit
-    /// writes: item writes that would eat into it are refused.
-    public var freeSpaceReserve: UInt64 = 64 << 20
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
                         [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
+                        [--free-space-reserve BYTES]
                         [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
-                        [--rollback-anchor PATH [--accept-rollback]] [--free-space-reserve BYTES]
+                        [--rollback-anchor PATH [--accept-rollback]]
                keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
@@ -48,6 +49,8 @@ public struct BrokerOptions: Sendable, Equatable {
           --pam-dir DIR           PAM service files from DIR instead of /etc/pam.d
           --fprint-state-dir DIR  fprintd's print store (default /var/lib/fprint)
           --syslog-socket PATH    where audit copies go (default /dev/log, facility authpriv)
+          --free-space-reserve BYTES  free space kept for audit entries; item writes that
+                                  would eat into it are refused (default 67108864, 64 MiB)
           --key-protector KIND    tpm: the vault key sealed by the TPM; file: vault.key on disk;
                                   auto (default): what the vault has, else tpm if /dev/tpmrm0 exists
           --tpm-tcti CONF         TSS TCTI of the TPM (default device:/dev/tpmrm0; swtpm:path=S)
@@ -56,8 +59,6 @@ public struct BrokerOptions: Sendable, Equatable {
           --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
                                   refuse a vault restored from an older copy
           --accept-rollback       serve such a vault anyway (audited), and re-anchor it
-          --free-space-reserve BYTES  free space kept for audit entries; item writes that
-                                  would eat into it are refused (default 67108864, 64 MiB)
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }

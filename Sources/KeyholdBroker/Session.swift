@@ -104,6 +104,12 @@ struct Session {
             let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }
             broker.budget.charge(uid: caller.uid, bytes: (request.secret?.count ?? 0) + (request.appPassword?.count ?? 0) + texts + 512)
         }
+        var request = request
+        switch checkClaim(request) {
+        case .none: break
+        case .claimed(let r): request = r
+        case .refused(let d): return deny(request, .invalid, item: nil, d)
+        }
         switch request.operation {
         case .put: return put(request)
         case .get: return get(request)
@@ -214,6 +220,7 @@ struct Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
+        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
         var method: AuthMethod
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)

@@ -244,7 +244,7 @@ public struct Vault: Sendable {
         _ = try perform(r, interaction: interaction)
     }
 
-    private func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
+    func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
         if let item = request.item {

@@ -130,7 +130,8 @@ public final class BrokerFixture: @unchecked Sendable {
     public let pamDirectory: String
     public private(set) var process: Process?
     public var extraEnvironment: [String: String]
-    /// More `keyholdd` options (e.g. `--free-space-reserve`), after the fixture's own.
+    /// More `keyholdd` options (`--free-space-reserve`, a key protector, a TPM's TCTI), after
+    /// the fixture's own, at every start.
     public var extraArguments: [String]
     public let fprintStateDirectory: String?
 

@@ -1,5 +1,4 @@
 import KeyholdCore
-
 /// What a rollback anchor needs from the store: the authenticated audit head (it only grows:
 /// every audited request moves it) and a tag that binds an anchored value to this vault.
 ///

@@ -1,5 +1,4 @@
 import KeyholdCore
-
 /// The TPM rollback counter's value as the vault last recorded it (vault_meta
 /// `rollback_counter`), bound to the audit head at that moment and MAC'd under the audit key:
 /// a record copied from a newer vault into an older copy names a head the older copy does not

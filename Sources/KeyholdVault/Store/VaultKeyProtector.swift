@@ -1,3 +1,4 @@
+import KeyholdCore
 import Glibc
 import KeyholdCore
 
