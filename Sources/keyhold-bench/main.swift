@@ -178,6 +178,8 @@ let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(a
 report("database size per item (db + wal, incl. audit rows)", "\(bytes / max(stored, 1)) bytes", "")
 report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024) MiB", "target < 64 MiB")
 
+measureCredentialHelpers()
+
 broker.terminate()
 broker.waitUntilExit()
 
