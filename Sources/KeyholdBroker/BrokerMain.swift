@@ -1,9 +1,9 @@
-import Foundation
 import Glibc
 import Synchronization
 import CKeyholdOS
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 
 /// `keyholdd`'s start-up: harden the process, open the vault, listen, serve until SIGTERM.
 public enum BrokerMain {
@@ -35,7 +35,8 @@ public enum BrokerMain {
         }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
-                            syslog: AuditSyslog(socketPath: options.syslogSocket))
+                            syslog: AuditSyslog(socketPath: options.syslogSocket),
+                            reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve))
 
         let listener: Int32
         do throws(ListenerError) {
@@ -44,6 +45,13 @@ public enum BrokerMain {
             fail("cannot listen on \(options.socketPath): \(error)")
         }
         startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
+        // Counted refusals become refused-burst entries once each uid's audit budget refills.
+        BrokerThread.start {
+            while true {
+                sleep(1)
+                broker.flushRefusedBursts()
+            }
+        }
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }
@@ -66,6 +74,8 @@ public enum BrokerMain {
             fail("cannot disable core dumps")
         }
         umask(0o077)
+        // A descriptor per connection (and a pidfd): the slots of `ConnectionSlots` plus room.
+        _ = ckh_raise_nofile(8192)
         signal(SIGPIPE, SIG_IGN)
         // A write past RLIMIT_FSIZE must fail the transaction (→ audit unavailable), not kill us.
         signal(SIGXFSZ, SIG_IGN)
@@ -77,7 +87,7 @@ public enum BrokerMain {
     }
 
     static func startSignalThread(broker: Broker, listener: Int32, socketPath: String) {
-        let thread = Thread {
+        BrokerThread.start {
             var set = sigset_t()
             sigemptyset(&set)
             for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
@@ -91,7 +101,6 @@ public enum BrokerMain {
                 broker.closeAndExit()
             }
         }
-        thread.start()
     }
 
     static func fail(_ message: String, code: Int32 = 1) -> Never {
@@ -103,6 +112,7 @@ public enum BrokerMain {
 
 extension Broker {
     func closeAndExit() -> Never {
+        flushRefusedBursts(all: true)
         _ = withStore { store -> Bool in
             store.close()
             exit(0)

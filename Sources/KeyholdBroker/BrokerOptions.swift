@@ -11,10 +11,14 @@ public struct BrokerOptions: Sendable, Equatable {
     public var fprintStateDirectory = "/var/lib/fprint"
     /// The system log socket that receives a copy of each audit entry.
     public var syslogSocket = "/dev/log"
+    /// Free space (bytes) kept on the state directory's file system for the broker's own audit
+    /// writes: item writes that would eat into it are refused.
+    public var freeSpaceReserve: UInt64 = 64 << 20
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
                         [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
+                        [--free-space-reserve BYTES]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
         request. Runs as root (or the vault's owner); refuses a state directory or key file that
@@ -26,6 +30,8 @@ public struct BrokerOptions: Sendable, Equatable {
           --pam-dir DIR           PAM service files from DIR instead of /etc/pam.d
           --fprint-state-dir DIR  fprintd's print store (default /var/lib/fprint)
           --syslog-socket PATH    where audit copies go (default /dev/log, facility authpriv)
+          --free-space-reserve BYTES  free space kept for audit entries; item writes that
+                                  would eat into it are refused (default 67108864, 64 MiB)
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }
@@ -48,6 +54,9 @@ public struct BrokerOptions: Sendable, Equatable {
             case "--pam-dir": pamDirectory = try value(a)
             case "--fprint-state-dir": fprintStateDirectory = try value(a)
             case "--syslog-socket": syslogSocket = try value(a)
+            case "--free-space-reserve":
+                guard let n = UInt64(try value(a)) else { throw .bad("--free-space-reserve wants a number of bytes") }
+                freeSpaceReserve = n
             case "--socket-mode":
                 let v = try value(a)
                 guard let m = UInt32(v, radix: 8), m <= 0o777 else { throw .bad("--socket-mode wants an octal mode such as 660") }

@@ -167,16 +167,7 @@ public enum KeyholdCommand {
         let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
                                       reason: c.value("--reason"), interaction: interaction)
         defer { secret.wipe() }
-        let ok = secret.withUnsafeBytes { raw -> Bool in
-            var done = 0
-            while done < raw.count {
-                let n = write(1, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        }
+        let ok = secret.withUnsafeBytes { DescriptorIO.writeAll(1, $0) == 0 }
         if !ok { throw .other("could not write the secret to standard output") }
     }
 
@@ -190,6 +181,7 @@ public enum KeyholdCommand {
                     ("allowed_executables", .array(i.allowedExecutables.map { .string($0) })),
                     ("reuse_seconds", .number(Int64(i.reuseSeconds))),
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
+                    ("generation", .number(Int64(clamping: i.generation))),
                 ]) + "\n")
             }
             return

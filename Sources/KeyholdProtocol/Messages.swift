@@ -123,11 +123,14 @@ public struct ItemInfo: Sendable, Equatable {
     public var reuseSeconds: UInt32
     public var createdAt: Int64
     public var updatedAt: Int64
+    /// Grows on every change of the secret or policy (see VaultStore+Generation).
+    public var generation: UInt64
     public init(id: String, service: String, account: String, label: String, kind: ItemKind, policy: String,
-                allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64) {
+                allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64,
+                generation: UInt64 = 0) {
         self.id = id; self.service = service; self.account = account; self.label = label; self.kind = kind
         self.policy = policy; self.allowedExecutables = allowedExecutables; self.reuseSeconds = reuseSeconds
-        self.createdAt = createdAt; self.updatedAt = updatedAt
+        self.createdAt = createdAt; self.updatedAt = updatedAt; self.generation = generation
     }
 }
 
@@ -260,7 +263,8 @@ private enum ListTag {
 private enum ItemTag {
     static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
     static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
-    static let all: Set<UInt8> = Set(1...10)
+    static let generation: UInt8 = 11
+    static let all: Set<UInt8> = Set(1...11)
 }
 
 private enum AuditTag {
@@ -482,7 +486,7 @@ extension BrokerMessage {
             text(ItemTag.id, i.id); text(ItemTag.service, i.service); text(ItemTag.account, i.account)
             text(ItemTag.label, i.label); number(ItemTag.kind, UInt64(i.kind.rawValue)); text(ItemTag.policy, i.policy)
             number(ItemTag.reuse, UInt64(i.reuseSeconds)); number(ItemTag.created, UInt64(bitPattern: i.createdAt))
-            number(ItemTag.updated, UInt64(bitPattern: i.updatedAt))
+            number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)); number(ItemTag.generation, i.generation)
             for exe in i.allowedExecutables { text(ItemTag.allowExe, exe) }
             if buffer.count - 2 + 5 + entry.count > budget && buffer.count > 2 {
                 flush()
@@ -527,7 +531,7 @@ extension BrokerMessage {
             .text(ItemTag.id, i.id), .text(ItemTag.service, i.service), .text(ItemTag.account, i.account),
             .text(ItemTag.label, i.label), .number(ItemTag.kind, UInt64(i.kind.rawValue)), .text(ItemTag.policy, i.policy),
             .number(ItemTag.reuse, UInt64(i.reuseSeconds)), .number(ItemTag.created, UInt64(bitPattern: i.createdAt)),
-            .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)),
+            .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)), .number(ItemTag.generation, i.generation),
         ]
         for exe in i.allowedExecutables { f.append(.text(ItemTag.allowExe, exe)) }
         return f
@@ -604,7 +608,8 @@ extension BrokerMessage {
                     account: try e.requiredText(ItemTag.account), label: try e.requiredText(ItemTag.label), kind: kind,
                     policy: try e.requiredText(ItemTag.policy), allowedExecutables: try e.texts(ItemTag.allowExe),
                     reuseSeconds: UInt32(reuse), createdAt: Int64(bitPattern: try e.number(ItemTag.created) ?? 0),
-                    updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0)))
+                    updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0),
+                    generation: try e.number(ItemTag.generation) ?? 0))
             }
             return .items(items)
         case MessageType.audit:

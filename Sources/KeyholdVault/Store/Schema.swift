@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// The migrations in the root `schema.sql` (embedded at build time), split on `-- migrate:N`.
 enum Schema {
     struct Migration { let version: Int64; let sql: String }

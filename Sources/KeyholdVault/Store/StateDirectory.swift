@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// File-system checks and creation for the state directory and the vault key file. Every
 /// path is checked with lstat/O_NOFOLLOW (a symlink is refused, not followed), and every
@@ -71,16 +72,7 @@ enum StateDirectory {
         var failure: Int32 = 0
         if fchmod(fd, 0o600) != 0 { failure = errno }
         if failure == 0 {
-            failure = key.withUnsafeBytes { raw -> Int32 in
-                var done = 0
-                while done < raw.count {
-                    let n = write(fd, raw.baseAddress! + done, raw.count - done)
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { return errno == 0 ? EIO : errno }
-                    done += n
-                }
-                return 0
-            }
+            failure = key.withUnsafeBytes { DescriptorIO.writeAll(fd, $0) }
         }
         if failure == 0, fsync(fd) != 0 { failure = errno }
         Glibc.close(fd)

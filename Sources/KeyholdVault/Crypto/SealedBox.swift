@@ -1,4 +1,5 @@
 import CSodium
+import KeyholdCore
 
 /// A 192-bit XChaCha20 nonce. Random per box: at 2^-96 collision odds per pair, no counter
 /// state needs to survive restarts.

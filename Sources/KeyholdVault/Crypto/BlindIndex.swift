@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// The lookup key of an item: keyed BLAKE2b of a canonical encoding of (owner uid, service,
 /// account). Lets the store find an item without storing its names in plaintext; without
 /// the vault key nobody can test a guess.

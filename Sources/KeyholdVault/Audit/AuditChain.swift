@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// The audit chain: each row's `mac = BLAKE2b_auditKey(prev_mac ‖ canonical row incl. seq)`,
 /// an `entry_tag` over the row without its seq (to tell a moved row from an edited one), and
 /// a tagged head (seq, mac) updated in the same transaction, so deleting the newest rows is
@@ -69,7 +71,11 @@ extension VaultStore {
         return e.bytes
     }
 
-    func writeHead(seq: Int64, mac: [UInt8]) throws(DatabaseError) {
+    /// Moves the audit head and re-tags the generation record with it (see
+    /// VaultStore+Generation): `generationDigest` is the digest an item change is committing.
+    func writeHead(seq: Int64, mac: [UInt8], generationDigest: [UInt8]? = nil) throws(DatabaseError) {
+        // Decided before the head moves: the record is verified against the current head.
+        let digest = try digestForNewHead(generationDigest)
         try db.withStatement("""
             INSERT INTO audit_head (id, seq, mac, head_tag) VALUES (1, ?1, ?2, ?3)
             ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, mac = excluded.mac, head_tag = excluded.head_tag
@@ -79,6 +85,7 @@ extension VaultStore {
             try s.bind(3, blob: headTag(seq: seq, mac: mac))
             try s.step()
         }
+        if let digest { try writeGenerationHead(digest: digest, auditSeq: seq, auditMAC: mac) }
     }
 
     struct Head { var seq: Int64; var mac: [UInt8]; var tag: [UInt8] }
@@ -97,7 +104,7 @@ extension VaultStore {
 
     /// Writes one entry and moves the head, inside the caller's transaction. Any failure is
     /// `.auditWriteFailed`, which makes the caller's transaction roll back.
-    func writeAudit(_ r: AuditRecord) throws(StoreError) {
+    func writeAudit(_ r: AuditRecord, generationDigest: [UInt8]? = nil) throws(StoreError) {
         do {
             // Continue from the head; if the head row was removed, from the newest row, so the
             // log keeps growing and `verifyAudit` reports the damage.
@@ -143,7 +150,7 @@ extension VaultStore {
                 try s.bind(13, blob: mac)
                 try s.step()
             }
-            try writeHead(seq: seq, mac: mac)
+            try writeHead(seq: seq, mac: mac, generationDigest: generationDigest)
         } catch {
             throw .auditWriteFailed
         }
@@ -188,6 +195,10 @@ extension VaultStore {
             }
             let head = try readHead()
             let headValid = head.map { KeyedHash.equal($0.tag, headTag(seq: $0.seq, mac: $0.mac)) } ?? false
+            // Fast path on every core (AuditChainScan.swift); anything else is diagnosed below.
+            if let head, headValid, auditChainIntact(start: start, head: (head.seq, head.mac)) {
+                return .intact(count: head.seq - start.seq)
+            }
 
             var expected = start.seq + 1
             var previous = start.mac

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// Every way a store call can fail. Closed; descriptions never contain a secret, a service or
 /// an account name (a path is shown only for permission problems, so an admin can fix them).
 public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
@@ -32,6 +34,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case auditWriteFailed
     /// The store was closed.
     case closed
+    /// The item's generation changed since the caller read it (another change came first).
+    case conflict
 
     /// What a caller sees.
     public var outcome: Outcome {
@@ -46,6 +50,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .appPasswordRequired, .appPasswordWrong: .authenticationFailed
         case .tooLarge, .invalidItem: .usage
         case .auditWriteFailed: .auditUnavailable
+        case .conflict: .conflict
         }
     }
 
@@ -65,6 +70,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .invalidItem: "the item is not valid as given"
         case .auditWriteFailed: "the audit log could not be written; nothing was changed or released"
         case .closed: "the store is closed"
+        case .conflict: "the item changed since it was read; nothing was changed"
         }
     }
 

@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// What a request did, by a stable name (stored and shown; never renamed).
 public enum AuditOperation: String, Sendable, CaseIterable {
     case put, update, get, delete, list, state, lock, biometry
@@ -7,6 +9,9 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case auditPrune = "audit-prune"
     /// A request the broker could not parse or did not know.
     case invalid
+    /// Requests of one uid refused without an entry each (over its audit budget or its
+    /// connection cap), counted in one entry: `reason` holds `count=N`.
+    case refusedBurst = "refused-burst"
 }
 
 /// How the broker decided.

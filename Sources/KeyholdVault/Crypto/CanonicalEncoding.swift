@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// A canonical, unambiguous byte encoding: every variable-length field is prefixed with its
 /// 32-bit big-endian length, integers have a fixed width. Used for associated data, blind
 /// indexes and audit MACs, where two different tuples must never encode to the same bytes.
