@@ -92,7 +92,10 @@ public enum CredentialMapping {
 
     /// Deletes an item with the interaction a read of it would use. `Vault.delete` needs no
     /// authentication today (as `keyhold rm`); this is the one place that passes `interaction`
-    /// on once deleting a gated item requires its policy.
+    /// on once deleting a gated item requires its policy: when `Vault.delete(service:account:
+    /// reason:interaction:)` lands (issue 8, item 5), the body becomes
+    /// `try vault.delete(service: service, account: account, reason: "credential helper erase", interaction: interaction)`
+    /// (`KeyholdCredentialHelperTests.gatedItemWithoutInteractionLetsGitPromptItself` shows it).
     public static func delete(_ vault: Vault, service: String, account: String, interaction: Interaction?) throws(KeyholdError) {
         _ = interaction
         try vault.delete(service: service, account: account)
