@@ -189,6 +189,8 @@ report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024)
 let libraries = mappedLibraries(broker.processIdentifier)
 print("broker maps \(libraries.count) shared libraries: \(libraries.joined(separator: " "))")
 
+measureCredentialHelpers()
+
 broker.terminate()
 broker.waitUntilExit()
 
