@@ -538,6 +538,12 @@ struct Session {
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
         let filter = request.item.map { (service: $0.service, account: $0.account) }
         var afterSeq = request.afterSeq
+        // A user numbers entries among their own (see auditEntries): resume after their own number.
+        if let uid = visibleTo, let own = request.afterSeq {
+            let translated: Int64? = broker.withStore { store in try? store.auditSeq(uid: uid, own: own) }
+            guard let translated else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
+            afterSeq = translated
+        }
         var sent = 0
         while true {
             let page: Result<[AuditEntryView], Denial> = broker.withStore { store in
@@ -553,11 +559,12 @@ struct Session {
             var reachedUntil = false
             for v in views {
                 if let until = request.until, v.time > until { reachedUntil = true; break }
+                // Only root sees the log's own numbering and MACs; a user, their own numbers.
                 infos.append(AuditEntryInfo(
-                    seq: v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
+                    seq: v.ownSeq ?? v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
                     operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
                     decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome,
-                    mac: Hex.encode(v.mac), previousMAC: ""))
+                    mac: visibleTo == nil ? Hex.encode(v.mac) : "", previousMAC: ""))
             }
             for batch in BrokerMessage.auditBatches(infos) {
                 guard send(batch) else { return Response(.ok) }
@@ -576,10 +583,23 @@ struct Session {
         return r
     }
 
+    /// Checks the whole chain. Root is told how many entries and where it breaks; a user is
+    /// told about their own entries only (how many, and where only if the first bad entry is
+    /// theirs), so verifying reveals nothing of others' activity.
     private func auditVerify(_ request: Request) -> Response {
-        let result: Result<AuditVerification, Denial> = broker.withStore { store in
+        let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
+        let result: Result<(AuditVerification, count: Int64, badOwn: Int64?), Denial> = broker.withStore { store in
             do throws(StoreError) {
-                return .success(try store.verifyAudit())
+                let v = try store.verifyAudit()
+                guard let uid = visibleTo else {
+                    if case .intact(let n) = v { return .success((v, n, nil)) }
+                    if case .broken(let seq, _) = v { return .success((v, 0, seq)) }
+                    return .success((v, 0, nil))
+                }
+                let count = try store.auditEntryCount(uid: uid)
+                var badOwn: Int64?
+                if case .broken(let seq, _) = v { badOwn = try store.auditOwnSeq(uid: uid, seq: seq) }
+                return .success((v, count, badOwn))
             } catch {
                 return .failure(Denial(error.outcome))
             }
@@ -587,12 +607,12 @@ struct Session {
         var r: Response
         switch result {
         case .failure(let d): return deny(request, .auditVerify, item: nil, d)
-        case .success(.intact(let count)):
+        case .success((.intact, let count, _)):
             r = Response(.ok)
             r.count = UInt64(count)
-        case .success(.broken(let seq, let problem)):
+        case .success((.broken(_, let problem), _, let bad)):
             r = Response(.integrityFailure, detail: problem.rawValue)
-            r.firstBadSeq = UInt64(max(seq, 0))
+            r.firstBadSeq = bad.map { UInt64(max($0, 0)) }
         }
         // Recorded after the check, so the entry itself is not part of what was verified.
         guard broker.audit(event(request, .auditVerify, decision: .granted, outcome: r.outcome)) else { return Response(.auditUnavailable) }
