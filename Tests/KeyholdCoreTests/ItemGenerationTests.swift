@@ -112,6 +112,11 @@ import Testing
         let store = try openStore(dir)
         let first = try store.add(owner: 1000, NewItem(service: "svc", account: "acct"), secret: secret("a"), audit: record())
         #expect(first.generation == 1)
+        // A failed change (rolled back) leaves the record as it was.
+        #expect(throws: StoreError.duplicate) {
+            try store.add(owner: 1000, NewItem(service: "svc", account: "acct"), secret: secret("dup"), audit: record())
+        }
+        #expect(string(try store.openSecret(first)) == "a")
         let second = try store.replace(first, with: NewItem(service: "svc", account: "acct"), secret: secret("b"), audit: record(.update))
         #expect(second.generation == 2)
         #expect(throws: StoreError.conflict) {
