@@ -5,6 +5,7 @@
 // Every failure (no bus, no fprintd, a malformed or oversized reply, a timeout) is nil.
 import Glibc
 import CKeyholdOS
+import KeyholdCore
 
 public enum BiometryReader {
     /// The system bus address used when none is given: `$DBUS_SYSTEM_BUS_ADDRESS`, else the
@@ -97,10 +98,7 @@ final class DBusConnection {
     /// SASL EXTERNAL: the bus checks our uid through SO_PEERCRED.
     private func authenticate() -> Bool {
         let uid = Array(String(getuid()).utf8)
-        let hex = uid.map { b -> String in
-            let d = Array("0123456789abcdef".utf8)
-            return String(decoding: [d[Int(b >> 4)], d[Int(b & 0xf)]], as: UTF8.self)
-        }.joined()
+        let hex = Hex.encode(uid)
         guard send([0] + Array("AUTH EXTERNAL \(hex)\r\n".utf8)), let line = readLine(), line.hasPrefix("OK ") else {
             return false
         }

@@ -94,7 +94,7 @@ public final class PAMAuthenticator: Sendable {
                         return .canceled
                     case .answer(let secret):
                         guard message.isPrompt else { continue }  // no answer wanted
-                        guard secret.count <= PAMRequestRules.maxAnswerBytes else { return .canceled }
+                        guard secret.count <= PAMRequestRules.maxConversationAnswerBytes else { return .canceled }
                         let header = PAMFrame.header(.answer, secret.count)
                         let sent = header.withUnsafeBytes { PAMIO.sendAll(helper.channel, $0, deadline: deadline) }
                             && secret.withUnsafeBytes { PAMIO.sendAll(helper.channel, $0, deadline: deadline) }

@@ -1,4 +1,5 @@
 import KeyholdCore
+import KeyholdVault
 import KeyholdProtocol
 
 /// What the broker knows about one answered request, turned into the store's audit record.

@@ -1,6 +1,7 @@
 import Glibc
 import CKeyholdOS
 import KeyholdCore
+import KeyholdVault
 
 /// A copy of every committed audit entry, one line each, to the system log (facility
 /// authpriv), so journald or rsyslog keep a record outside the vault database.

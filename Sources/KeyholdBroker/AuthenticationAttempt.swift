@@ -1,5 +1,6 @@
 import Synchronization
 import KeyholdCore
+import KeyholdVault
 
 /// Failed attempts are counted before a guess is checked, and counting fails closed (issue 8,
 /// item 4).
@@ -14,13 +15,12 @@ import KeyholdCore
 final class AuthenticationLedger: Sendable {
     private let inFlight = Mutex<Set<UInt32>>([])
 
-    /// A second authentication of a uid while one is in flight. There is no *busy* outcome
-    /// yet on this branch, so it is *locked out* with this detail and no time left.
+    /// A second authentication of a uid while one is in flight: *busy*, nothing checked.
     static let inProgress = "another authentication of this user is in progress; try again when it ends"
 
     func reserve(uid: UInt32, broker: Broker) -> Result<AuthenticationAttempt, Denial> {
         guard inFlight.withLock({ $0.insert(uid).inserted }) else {
-            return .failure(Denial(.lockedOut, Self.inProgress))
+            return .failure(Denial(.busy, Self.inProgress))
         }
         // From here the slot is the attempt's: released when it goes away, whatever happens.
         let attempt = AuthenticationAttempt(uid: uid, broker: broker, ledger: self)

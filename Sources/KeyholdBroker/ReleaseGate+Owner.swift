@@ -1,5 +1,6 @@
 import KeyholdAuth
 import KeyholdCore
+import KeyholdVault
 
 extension ReleaseGate {
     /// The caller's account password (stack `keyhold-passcode`), for removing an item whose own

@@ -36,6 +36,7 @@ public enum KeyholdCommand {
                 Never prompts.
                 """),
             CommandSpec("lock", summary: "Ends every authentication reuse window of yours at once."),
+            CommandSpec("status", summary: "Shows how the broker protects the vault: key protector (tpm or file), rollback detection."),
             CommandSpec("biometry", summary: "Shows your fingerprint reader, enrolled fingers, and items bound to them."),
             CommandSpec("audit", options: [
                 OptionSpec("--json", help: "JSON Lines instead of a table"),
@@ -87,6 +88,7 @@ public enum KeyholdCommand {
             case "ls": try list(vault, json: c.flag("--json"))
             case "state": try state(vault, c)
             case "lock": try vault.lock()
+            case "status": Output.out(try vault.protectionStatus() + "\n")
             case "biometry": try biometry(vault)
             case "audit": try AuditCommands.show(vault, c)
             case "audit verify":
@@ -172,16 +174,7 @@ public enum KeyholdCommand {
         let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
                                       reason: c.value("--reason"), interaction: interaction)
         defer { secret.wipe() }
-        let ok = secret.withUnsafeBytes { raw -> Bool in
-            var done = 0
-            while done < raw.count {
-                let n = write(1, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        }
+        let ok = secret.withUnsafeBytes { DescriptorIO.writeAll(1, $0) == 0 }
         if !ok { throw .other("could not write the secret to standard output") }
     }
 

@@ -9,16 +9,7 @@ enum Output {
     /// broker's words, any of which a caller may have chosen.
     static func err(_ text: String) { write(2, "keyhold: \(Printable.escape(text))\n") }
 
-    static func write(_ fd: Int32, _ text: String) {
-        var bytes = Array(text.utf8)
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { return }
-            done += n
-        }
-    }
+    static func write(_ fd: Int32, _ text: String) { DescriptorIO.writeAll(fd, text) }
 
     /// Columns padded to their widest cell. Every cell is escaped so a crafted service name,
     /// reason or executable cannot rewrite the terminal.

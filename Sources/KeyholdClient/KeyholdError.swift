@@ -1,7 +1,7 @@
 import KeyholdCore
 import KeyholdProtocol
 
-/// Every way a vault call can fail, one case per outcome of DESIGN.md. Descriptions never
+/// Every way a vault call can fail, one case per `Outcome`. Descriptions never
 /// contain a secret; the broker's detail text is included only where it adds a non-secret fact.
 public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case notFound
@@ -17,6 +17,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case integrityFailure
     /// The item changed since it was read (exit code 14).
     case conflict
+    /// The broker is at this uid's connection cap or audit budget (exit 15); retried ~3 s first.
+    case busy
     /// The request itself is wrong (too large, a bad policy): exit code 2.
     case invalidRequest(String)
     /// Anything else, including a broker that spoke garbage.
@@ -36,6 +38,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .auditUnavailable: .auditUnavailable
         case .integrityFailure: .integrityFailure
         case .conflict: .conflict
+        case .busy: .busy
         case .invalidRequest: .usage
         case .other: .otherError
         }
@@ -55,6 +58,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .auditUnavailable: self = .auditUnavailable
         case .integrityFailure: self = .integrityFailure
         case .conflict: self = .conflict
+        case .busy: self = .busy
         case .usage: self = .invalidRequest(response.detail ?? "invalid request")
         case .ok, .otherError: self = .other(response.detail ?? "error")
         }

@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 
 // keyhold-bench: latency, throughput, size and memory of a real broker on a temporary vault.
 // Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.
@@ -12,6 +13,10 @@ let args = CommandLine.arguments
 func option(_ name: String, _ fallback: Int) -> Int {
     guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
     return v
+}
+if let i = args.firstIndex(of: "--verify-state"), i + 1 < args.count {
+    verifyExisting(args[i + 1], repeats: option("--repeat", 3))
+    exit(0)
 }
 let maxItems = option("--items", 100_000)
 let auditEntries = option("--audit-entries", 1_000_000)
@@ -42,32 +47,6 @@ func rss(_ pid: Int32) -> Int {
     let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
     let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
     return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
-}
-
-/// Runs the CLI as its own process with posix_spawn (Foundation's Process adds tens of ms of
-/// its own per launch on Linux, which would swamp what is measured here).
-func run(_ path: String, _ arguments: [String], stdin: [UInt8] = []) -> Int32 {
-    var fds: [Int32] = [0, 0]
-    precondition(pipe(&fds) == 0)
-    let devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_adddup2(&actions, fds[0], 0)
-    posix_spawn_file_actions_adddup2(&actions, devnull, 1)
-    posix_spawn_file_actions_adddup2(&actions, devnull, 2)
-    posix_spawn_file_actions_addclose(&actions, fds[1])
-    let argv = ([path] + arguments).map { strdup($0) } + [nil]
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, path, &actions, nil, argv, environ)
-    posix_spawn_file_actions_destroy(&actions)
-    argv.forEach { free($0) }
-    close(fds[0]); close(devnull)
-    precondition(rc == 0)
-    if !stdin.isEmpty { _ = stdin.withUnsafeBytes { write(fds[1], $0.baseAddress, $0.count) } }
-    close(fds[1])
-    var status: Int32 = 0
-    waitpid(pid, &status, 0)
-    return status
 }
 
 // A broker on a temporary vault.
@@ -127,6 +106,34 @@ var putTimes: [Double] = []
     report("put, CLI process, at \(label) items: p50 / p99", "\(ms(percentile(cliPut, 0.5))) / \(ms(percentile(cliPut, 0.99)))", putTarget)
 }
 
+/// `keyhold get` beside its floors, in the same run and interleaved sample by sample so load
+/// on the machine hits every row alike: the C floor (Floor.swift), `/bin/true`, and
+/// `secret-tool lookup` / `pass show` when installed and usable here.
+@MainActor func compareCLIWithFloors(_ label: String, samples: Int = 300) {
+    let floorDir = dir + "/floor"
+    mkdir(floorDir, 0o700)
+    var commands: [(name: String, path: String, args: () -> [String], env: [String]?)] = []
+    let account = { "user-\(Int.random(in: 0..<min(stored, 10_000)))" }
+    commands.append(("keyhold get", bin + "/keyhold", { ["--socket", socketPath, "get", "bench.example", account()] }, nil))
+    if let floor = Floor.build(in: floorDir, items: min(stored, 10_000)) {
+        commands.append(("C floor (libsodium + SQLite lookup)", floor, { Floor.getArguments(in: floorDir, account: account()) }, nil))
+    }
+    commands.append(("/bin/true", "/bin/true", { [] }, nil))
+    if let other = OtherStores.secretTool(in: floorDir) { commands.append(("secret-tool lookup", other.path, other.args, other.env)) }
+    if let other = OtherStores.pass(in: floorDir) { commands.append(("pass show", other.path, other.args, other.env)) }
+    var times = Array(repeating: [Double](), count: commands.count)
+    for _ in 0..<samples {
+        for (i, c) in commands.enumerated() { times[i] += spawnTimes(1, c.path, c.args, environment: c.env) }
+    }
+    let p50s = times.map { percentile($0, 0.5) }
+    let floorP50 = commands.count > 1 && commands[1].name.hasPrefix("C floor") ? p50s[1] : Double.nan
+    for (i, c) in commands.enumerated() {
+        let ratio = floorP50.isNaN ? "" : String(format: "%.2fx the C floor", p50s[i] / floorP50)
+        let target = i == 0 ? ratio + (ratio.isEmpty ? "" : "; target <= 1.5x") : ratio
+        report("\(c.name) at \(label) items: p50 / p99", "\(ms(p50s[i])) / \(ms(percentile(times[i], 0.99)))", target)
+    }
+}
+
 /// More puts at the current size, timed one by one.
 @MainActor func measurePuts(_ samples: Int) -> [Double] {
     var times: [Double] = []
@@ -144,11 +151,13 @@ let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
 report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
 measureCLI("1,000")
+reportThroughput(socketPath: socketPath, items: stored)
 
 if maxItems >= 10_000 {
     fill(to: 10_000)
     measureCLI("10,000", getTarget: "target p50 <= 8 ms", putTarget: "target p50 <= 12 ms")
 }
+compareCLIWithFloors("\(stored)")
 
 if maxItems > 10_000 {
     let t0 = now()
@@ -177,6 +186,8 @@ let files = ["vault.db", "vault.db-wal"].map { state + "/" + $0 }
 let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }
 report("database size per item (db + wal, incl. audit rows)", "\(bytes / max(stored, 1)) bytes", "")
 report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024) MiB", "target < 64 MiB")
+let libraries = mappedLibraries(broker.processIdentifier)
+print("broker maps \(libraries.count) shared libraries: \(libraries.joined(separator: " "))")
 
 broker.terminate()
 broker.waitUntilExit()
@@ -204,4 +215,5 @@ if auditEntries > 0 {
     report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
     store.close()
 }
+measureTPMCost(bin: bin)  // issue 13: what the TPM key protector adds (TPMCost.swift)
 print(String(repeating: "-", count: 100))

@@ -1,5 +1,6 @@
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 /// The export verifier on real stores: exports verify on their own (also after the entries were

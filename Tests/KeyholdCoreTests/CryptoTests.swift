@@ -1,4 +1,5 @@
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 @Suite struct CryptoTests {

@@ -1,5 +1,6 @@
 import Foundation
 @testable import KeyholdCore
+@testable import KeyholdVault
 import Testing
 
 @Suite struct DatabaseTests {

@@ -1,5 +1,6 @@
 import Foundation
 @testable import KeyholdCore
+@testable import KeyholdVault
 import Testing
 
 /// kill -9 during a stream of writes loses nothing that was acknowledged.

@@ -1,6 +1,7 @@
 import CSQLite
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 /// A private temporary directory under /tmp (short path), removed when the fixture goes away.

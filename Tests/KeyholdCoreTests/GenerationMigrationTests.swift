@@ -1,5 +1,6 @@
 import Foundation
 @testable import KeyholdCore
+@testable import KeyholdVault
 import Testing
 
 /// A vault written before item generations (schema 1, boxes sealed without a generation)

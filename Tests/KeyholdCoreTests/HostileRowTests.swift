@@ -1,5 +1,6 @@
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 @Suite struct HostileRowTests {

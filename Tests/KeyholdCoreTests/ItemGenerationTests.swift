@@ -1,5 +1,6 @@
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 /// Issue 8, item 6: someone who can write vault.db (a restored backup, an offline disk) but
@@ -133,5 +134,27 @@ import Testing
         let reopened = try openStore(dir)
         #expect(try reopened.item(owner: 1000, service: "svc", account: "acct")?.generation == third.generation)
         #expect(try reopened.verifyAudit() == .intact(count: 4))
+    }
+
+    /// In a group commit, a member undone after its `add` returned (its savepoint rolled back)
+    /// must not leave the in-memory record ahead of the database: the next writes would tag a
+    /// digest of items that do not exist, and after a restart every item would fail.
+    @Test func aRolledBackMemberDoesNotLeaveTheRecordBehind() throws {
+        let dir = TempDir()
+        let store = try openStore(dir)
+        let committed = store.groupTransaction {
+            _ = try? store.memberTransaction { () throws(StoreError) in
+                try store.add(owner: 1000, NewItem(service: "undone", account: "a"), secret: secret("u"), audit: record())
+                throw StoreError.notFound
+            }
+        }
+        #expect(committed)
+        #expect(try store.item(owner: 1000, service: "undone", account: "a") == nil)
+        let kept = try store.add(owner: 1000, NewItem(service: "kept", account: "a"), secret: secret("k"), audit: record())
+        #expect(string(try store.openSecret(kept)) == "k")
+        store.close()
+        let reopened = try openStore(dir)
+        let again = try #require(try reopened.item(owner: 1000, service: "kept", account: "a"))
+        #expect(string(try reopened.openSecret(again)) == "k")
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 @testable import KeyholdCore
+@testable import KeyholdVault
 import Testing
 
 /// Scale checks, run on demand (`KEYHOLD_SCALE=1 swift test -c release --filter ScaleTests`):

@@ -1,5 +1,6 @@
 import Foundation
 import KeyholdCore
+import KeyholdVault
 import Testing
 
 /// Refusals at open, and an attacker editing the database file directly.

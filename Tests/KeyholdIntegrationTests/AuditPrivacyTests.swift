@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 8, item 9: an unprivileged user's `audit` and `audit verify` reveal nothing of root's

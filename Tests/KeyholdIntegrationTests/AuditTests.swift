@@ -3,6 +3,7 @@ import Glibc
 import Testing
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 5: the audit log through the real broker: one entry per request, the chain, the

@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Testing
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 8, item 4: failed attempts are counted before PAM runs, and counting fails closed.

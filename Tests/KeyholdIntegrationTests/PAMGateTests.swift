@@ -3,6 +3,7 @@ import Glibc
 import Testing
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 3: release only after a real PAM authentication run by the broker (real libpam,

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 8, item 5: a same-user program must not replace a gated item (say a refresh token)

@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 8, item 6, through the real broker and CLI: someone who can write vault.db while the

@@ -3,6 +3,7 @@ import Glibc
 import Testing
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 import KeyholdTestSupport
 
 /// Issue 2: the sealed store, the broker and the CLI, end to end over the real socket.

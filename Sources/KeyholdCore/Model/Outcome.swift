@@ -1,4 +1,4 @@
-/// Every result a caller can see, mirroring `errSec…` / `ASAuthorizationError` (DESIGN.md, "Outcomes").
+/// Every result a caller can see, mirroring `errSec…` / `ASAuthorizationError` (README, "CLI contract").
 ///
 /// The raw value is the `keyhold` CLI's exit code and the code on the wire, so the three can
 /// never drift apart. Descriptions never contain a secret, a service or an account name.
@@ -19,6 +19,8 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
     case integrityFailure = 13
     /// The item changed (a newer generation) since the caller read it; read it again.
     case conflict = 14
+    /// The caller's uid is at its connection cap or over its audit budget: try again shortly.
+    case busy = 15
 
     /// Stable machine name, used in the audit log and `--json` output.
     public var name: String {
@@ -38,6 +40,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .auditUnavailable: "audit-unavailable"
         case .integrityFailure: "integrity-failure"
         case .conflict: "conflict"
+        case .busy: "busy"
         }
     }
 
@@ -58,6 +61,7 @@ public enum Outcome: UInt8, Sendable, CaseIterable, CustomStringConvertible {
         case .auditUnavailable: "the audit log could not be written; nothing was released"
         case .integrityFailure: "integrity failure: the stored item was altered or damaged"
         case .conflict: "conflict: the item changed since it was read; nothing was changed"
+        case .busy: "busy: too many requests from this user at once; try again shortly"
         }
     }
 }

@@ -1,0 +1,259 @@
+import CSQLite
+import KeyholdCore
+
+/// A failed SQLite call, by extended result code. Carries no SQL values, so it can be logged.
+public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible {
+    /// Extended result code (`SQLITE_CONSTRAINT_UNIQUE` = 2067, …).
+    public let code: Int32
+
+    public init(code: Int32) { self.code = code }
+
+    /// The primary result code (`SQLITE_CONSTRAINT`, `SQLITE_FULL`, …).
+    public var primaryCode: Int32 { code & 0xff }
+
+    /// Not an SQLite code: the connection was closed by this process.
+    public static let closed = DatabaseError(code: -1)
+
+    // Extended codes are C macro expressions Swift does not import: SQLITE_CONSTRAINT | (n << 8).
+    static let constraintUnique: Int32 = 2067
+    static let constraintPrimaryKey: Int32 = 1555
+
+    public var isUniqueViolation: Bool { code == Self.constraintUnique || code == Self.constraintPrimaryKey }
+    /// The file is not a database (or is encrypted by something else).
+    public var isNotADatabase: Bool { primaryCode == SQLITE_NOTADB }
+
+    public var description: String {
+        self == .closed ? "database connection closed" : "SQLite error \(code): \(String(cString: sqlite3_errstr(code)))"
+    }
+}
+
+/// SQLITE_TRANSIENT: SQLite copies bound bytes, so callers' buffers may go away at once.
+private let transient = csqlite_transient()
+
+/// A small SQLite connection wrapper. Not thread-safe by design (opened NOMUTEX): the
+/// broker serialises every store call behind one lock.
+public final class Database {
+    private var handle: OpaquePointer?
+    private var cache: [String: Statement] = [:]
+
+    /// Opens an existing file (the store creates it itself, so the mode is not left to the
+    /// umask). Symlinks are refused.
+    public init(path: String, create: Bool = false, readOnly: Bool = false) throws(DatabaseError) {
+        var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW
+        flags |= readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
+        if create { flags |= SQLITE_OPEN_CREATE }
+        var db: OpaquePointer?
+        let rc = sqlite3_open_v2(path, &db, flags, nil)
+        guard rc == SQLITE_OK, let db else {
+            let code = db.map { sqlite3_extended_errcode($0) } ?? rc
+            sqlite3_close_v2(db)
+            throw DatabaseError(code: code == SQLITE_OK ? rc : code)
+        }
+        handle = db
+        sqlite3_extended_result_codes(db, 1)
+        sqlite3_busy_timeout(db, 5000)
+    }
+
+    deinit { close() }
+
+    /// Finalises every cached statement and closes the connection. Idempotent.
+    public func close() {
+        for s in cache.values { s.finalize() }
+        cache.removeAll()
+        if let h = handle { sqlite3_close_v2(h) }
+        handle = nil
+    }
+
+    private var db: OpaquePointer {
+        get throws(DatabaseError) {
+            guard let handle else { throw DatabaseError.closed }
+            return handle
+        }
+    }
+
+    /// Runs one or more statements without results (schema, pragmas that return nothing).
+    public func execute(_ sql: String) throws(DatabaseError) {
+        let h = try db
+        let rc = sqlite3_exec(h, sql, nil, nil, nil)
+        guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
+    }
+
+    /// A pragma's single value as text (`journal_mode` answers "wal").
+    public func pragma(_ text: String) throws(DatabaseError) -> String? {
+        try withStatement("PRAGMA \(text)") { (s) throws(DatabaseError) -> String? in
+            try s.step() ? s.text(0) : nil
+        }
+    }
+
+    /// A cached prepared statement, reset and cleared after `body`, whatever it does.
+    public func withStatement<R, E: Error>(_ sql: String, mapError: (DatabaseError) -> E,
+                                           _ body: (Statement) throws(E) -> R) throws(E) -> R {
+        let statement: Statement
+        do { statement = try prepared(sql) } catch { throw mapError(error) }
+        defer { statement.reset() }
+        return try body(statement)
+    }
+
+    public func withStatement<R>(_ sql: String, _ body: (Statement) throws(DatabaseError) -> R) throws(DatabaseError) -> R {
+        try withStatement(sql, mapError: { $0 }, body)
+    }
+
+    private func prepared(_ sql: String) throws(DatabaseError) -> Statement {
+        if let s = cache[sql] { return s }
+        let h = try db
+        var stmt: OpaquePointer?
+        let rc = sqlite3_prepare_v3(h, sql, -1, UInt32(SQLITE_PREPARE_PERSISTENT), &stmt, nil)
+        guard rc == SQLITE_OK, let stmt else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
+        let s = Statement(stmt, db: h)
+        cache[sql] = s
+        return s
+    }
+
+    /// BEGIN IMMEDIATE … COMMIT; ROLLBACK when `body` throws or the commit fails. Failures of
+    /// BEGIN and COMMIT go through `mapError` / `commitError`, so the caller decides what they
+    /// mean (a failed COMMIT of an audited change is a failed audit write).
+    /// Inside an open transaction (the broker's group commit) this is a SAVEPOINT instead: a
+    /// failing body undoes only its own writes, and durability comes from the outer COMMIT.
+    public func transaction<R, E: Error>(mapError: (DatabaseError) -> E, commitError: ((DatabaseError) -> E)? = nil,
+                                         _ body: () throws(E) -> R) throws(E) -> R {
+        if isInTransaction { return try savepoint(mapError: mapError, body) }
+        do { try execute("BEGIN IMMEDIATE") } catch { throw mapError(error) }
+        let result: R
+        do {
+            result = try body()
+        } catch {
+            try? execute("ROLLBACK")
+            throw error
+        }
+        do {
+            try execute("COMMIT")
+        } catch {
+            // A failed COMMIT may leave the transaction open (SQLITE_BUSY) or already rolled back.
+            if isInTransaction { try? execute("ROLLBACK") }
+            if let commitError { throw commitError(error) }
+            throw mapError(error)
+        }
+        return result
+    }
+
+    /// True between BEGIN and COMMIT/ROLLBACK.
+    public var isInTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
+
+    private func savepoint<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
+        do { try execute("SAVEPOINT nested") } catch { throw mapError(error) }
+        let result: R
+        do {
+            result = try body()
+        } catch {
+            try? execute("ROLLBACK TO nested")
+            try? execute("RELEASE nested")
+            throw error
+        }
+        do { try execute("RELEASE nested") } catch { throw mapError(error) }
+        return result
+    }
+
+    /// One outer transaction whose COMMIT (one fsync) makes every write `body` made durable.
+    /// `body` runs its parts as nested transactions. Returns whether the COMMIT succeeded;
+    /// when it did not, everything was rolled back.
+    public func groupTransaction(_ body: () -> Void) -> Bool {
+        do { try execute("BEGIN IMMEDIATE") } catch { return false }
+        body()
+        do {
+            try execute("COMMIT")
+            return true
+        } catch {
+            if isInTransaction { try? execute("ROLLBACK") }
+            return false
+        }
+    }
+
+    public func transaction<R>(_ body: () throws(DatabaseError) -> R) throws(DatabaseError) -> R {
+        try transaction(mapError: { $0 }, body)
+    }
+
+    /// Rows changed by the last INSERT/UPDATE/DELETE.
+    public var changes: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
+}
+
+/// A prepared statement. Indexes are 1-based for binds (as in SQLite), 0-based for columns.
+public final class Statement {
+    private var stmt: OpaquePointer?
+    private let db: OpaquePointer
+
+    init(_ stmt: OpaquePointer, db: OpaquePointer) { self.stmt = stmt; self.db = db }
+
+    func finalize() { sqlite3_finalize(stmt); stmt = nil }
+
+    func reset() {
+        sqlite3_reset(stmt)
+        sqlite3_clear_bindings(stmt)
+    }
+
+    private func check(_ rc: Int32) throws(DatabaseError) {
+        guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(db)) }
+    }
+
+    public func bind(_ index: Int32, _ value: Int64) throws(DatabaseError) {
+        try check(sqlite3_bind_int64(stmt, index, value))
+    }
+
+    public func bind(_ index: Int32, blob: [UInt8]) throws(DatabaseError) {
+        // A zero-length blob still binds as a blob (not NULL): SQLite wants a non-nil pointer.
+        let rc = blob.withUnsafeBytes { raw in
+            raw.count == 0 ? sqlite3_bind_zeroblob(stmt, index, 0)
+                : sqlite3_bind_blob(stmt, index, raw.baseAddress, Int32(raw.count), transient)
+        }
+        try check(rc)
+    }
+
+    public func bind(_ index: Int32, text: String) throws(DatabaseError) {
+        // Length-explicit, so text with an embedded NUL is stored whole, not cut short.
+        let utf8 = Array(text.utf8)
+        let rc = utf8.withUnsafeBytes { raw in
+            raw.count == 0 ? sqlite3_bind_text(stmt, index, "", 0, transient)
+                : sqlite3_bind_text(stmt, index, raw.baseAddress!.assumingMemoryBound(to: CChar.self), Int32(raw.count), transient)
+        }
+        try check(rc)
+    }
+
+    public func bindNull(_ index: Int32) throws(DatabaseError) { try check(sqlite3_bind_null(stmt, index)) }
+
+    public func bind(_ index: Int32, blob: [UInt8]?) throws(DatabaseError) {
+        if let blob { try bind(index, blob: blob) } else { try bindNull(index) }
+    }
+
+    public func bind(_ index: Int32, text: String?) throws(DatabaseError) {
+        if let text { try bind(index, text: text) } else { try bindNull(index) }
+    }
+
+    /// True for a row, false when done.
+    @discardableResult
+    public func step() throws(DatabaseError) -> Bool {
+        switch sqlite3_step(stmt) {
+        case SQLITE_ROW: return true
+        case SQLITE_DONE: return false
+        default: throw DatabaseError(code: sqlite3_extended_errcode(db))
+        }
+    }
+
+    public func isNull(_ column: Int32) -> Bool { sqlite3_column_type(stmt, column) == SQLITE_NULL }
+
+    public func int64(_ column: Int32) -> Int64 { sqlite3_column_int64(stmt, column) }
+
+    public func blob(_ column: Int32) -> [UInt8] {
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        guard n > 0, let p = sqlite3_column_blob(stmt, column) else { return [] }
+        return Array(UnsafeRawBufferPointer(start: p, count: n))
+    }
+
+    public func optionalBlob(_ column: Int32) -> [UInt8]? { isNull(column) ? nil : blob(column) }
+
+    public func text(_ column: Int32) -> String {
+        guard let p = sqlite3_column_text(stmt, column) else { return "" }
+        let n = Int(sqlite3_column_bytes(stmt, column))
+        return String(decoding: UnsafeBufferPointer(start: p, count: n), as: UTF8.self)
+    }
+
+    public func optionalText(_ column: Int32) -> String? { isNull(column) ? nil : text(column) }
+}

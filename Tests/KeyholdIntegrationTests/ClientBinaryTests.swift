@@ -1,0 +1,33 @@
+import Foundation
+import Testing
+import KeyholdTestSupport
+
+/// "The client holds no keys" is enforced by the build: `keyhold` links the model
+/// (KeyholdCore) but not the vault (KeyholdVault), so no store, key or SQLite code is in it.
+@Suite struct ClientBinaryTests {
+    static func contents(_ path: String) throws -> Data {
+        try Data(contentsOf: URL(fileURLWithPath: path))
+    }
+
+    static func has(_ data: Data, _ text: String) -> Bool { data.range(of: Data(text.utf8)) != nil }
+
+    @Test func theCLICarriesNoVaultOrSQLiteCode() throws {
+        let cli = try Self.contents(TestPaths.keyhold)
+        // Positive control: the symbol table is searchable (the model's mangled module name is in it).
+        #expect(Self.has(cli, "11KeyholdCore"))
+        #expect(!Self.has(cli, "12KeyholdVault"))
+        #expect(!Self.has(cli, "sqlite3_prepare"))
+        #expect(!Self.has(cli, "libsqlite3"))
+        // And the same search does find the vault in the broker, which must carry it.
+        let broker = try Self.contents(TestPaths.keyholdd)
+        #expect(Self.has(broker, "12KeyholdVault"))
+        #expect(Self.has(broker, "libsqlite3"))
+    }
+
+    /// The CLI is linked statically (start-up cost; README "Benchmark"): no program interpreter.
+    @Test func theCLIIsStaticallyLinked() throws {
+        let cli = try Self.contents(TestPaths.keyhold)
+        #expect(!Self.has(cli, "/lib64/ld-linux"))
+        #expect(!Self.has(cli, "libswiftCore.so"))
+    }
+}
