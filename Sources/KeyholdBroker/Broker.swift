@@ -98,22 +98,6 @@ public final class Broker: Sendable {
         }
     }
 
-    func recordFailure(uid: UInt32) {
-        withStore { store in
-            let now = currentMicroseconds()
-            let current = (try? store.lockout(uid: uid)) ?? LockoutRecord(uid: uid)
-            try? store.setLockout(ReleaseGate.afterFailure(current, now: now))
-        }
-    }
-
-    func recordSuccess(uid: UInt32) {
-        withStore { store in
-            if let current = try? store.lockout(uid: uid), current.failures > 0 || current.lockedUntil > 0 {
-                try? store.setLockout(LockoutRecord(uid: uid))
-            }
-        }
-    }
-
     func close() {
         store.withLock { $0.close() }
     }

@@ -71,7 +71,9 @@ enum AuditCommands {
             Output.out("audit chain verified: \(v.count) entries\n")
             return 0
         }
-        Output.out("audit chain BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(Printable.escape(v.problem ?? "altered"))\n")
+        // A user is told where only when the first bad entry is one of theirs.
+        let at = v.firstBadSeq.map { " at entry \($0)" } ?? ""
+        Output.out("audit chain BROKEN\(at): \(Printable.escape(v.problem ?? "altered"))\n")
         return Int32(Outcome.integrityFailure.rawValue)
     }
 

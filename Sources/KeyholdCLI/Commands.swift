@@ -25,7 +25,10 @@ public enum KeyholdCommand {
                 OptionSpec("--reason", value: "TEXT", help: "why the secret is needed (shown and audited)"),
                 OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
             ], summary: "Writes the item's secret, exactly as stored, to standard output."),
-            CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], summary: "Removes an item."),
+            CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], options: [
+                OptionSpec("--reason", value: "TEXT", help: "why the item is removed (shown and audited)"),
+                OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
+            ], summary: "Removes an item, after its policy is satisfied (a damaged or invalidated item: after your password)."),
             CommandSpec("ls", options: [OptionSpec("--json", help: "one JSON object per line")],
                         summary: "Lists your items' metadata (never a secret)."),
             CommandSpec("state", positionals: ["SERVICE", "ACCOUNT"], summary: """
@@ -79,7 +82,9 @@ public enum KeyholdCommand {
             switch c.name {
             case "put": try put(vault, c)
             case "get": try get(vault, c)
-            case "rm": try vault.delete(service: c.positionals[0], account: c.positionals[1])
+            case "rm":
+                try vault.delete(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
+                                 interaction: c.flag("--no-interaction") ? nil : PromptInteraction())
             case "ls": try list(vault, json: c.flag("--json"))
             case "state": try state(vault, c)
             case "lock": try vault.lock()

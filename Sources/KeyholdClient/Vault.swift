@@ -85,9 +85,18 @@ public struct Vault: Sendable {
         return secret
     }
 
-    /// Removes an item. Throws `.notFound` if there is none.
-    public func delete(service: String, account: String) throws(KeyholdError) {
-        _ = try perform(Request(.delete, item: ItemReference(service: service, account: account)), interaction: nil)
+    /// Removes an item, after satisfying its policy when it needs authentication or names
+    /// allowed executables (unlike `SecItemDelete`: removing a gated item and storing another
+    /// under its name would replace it without its policy). An item that no longer opens
+    /// (integrity) or is invalidated is removed after its owner's password. Without
+    /// `interaction` such removals fail with `.interactionNotAllowed`. Throws `.notFound` if
+    /// there is none.
+    public func delete(service: String, account: String, reason: String? = nil,
+                       interaction: Interaction? = nil) throws(KeyholdError) {
+        var r = Request(.delete, item: ItemReference(service: service, account: account))
+        r.reason = reason
+        r.allowInteraction = interaction != nil
+        _ = try perform(r, interaction: interaction)
     }
 
     /// Metadata of the caller's items. Never a secret.

@@ -90,15 +90,10 @@ public enum CredentialMapping {
         return AccessControl(policy: policy, allowedExecutables: item.allowedExecutables, reuseSeconds: item.reuseSeconds)
     }
 
-    /// Deletes an item with the interaction a read of it would use. `Vault.delete` needs no
-    /// authentication today (as `keyhold rm`); this is the one place that passes `interaction`
-    /// on once deleting a gated item requires its policy: when `Vault.delete(service:account:
-    /// reason:interaction:)` lands (issue 8, item 5), the body becomes
-    /// `try vault.delete(service: service, account: account, reason: "credential helper erase", interaction: interaction)`
-    /// (`KeyholdCredentialHelperTests.gatedItemWithoutInteractionLetsGitPromptItself` shows it).
+    /// Deletes an item with the interaction a read of it would use: deleting a gated item
+    /// needs its policy (as `keyhold rm`, issue 8 item 5).
     public static func delete(_ vault: Vault, service: String, account: String, interaction: Interaction?) throws(KeyholdError) {
-        _ = interaction
-        try vault.delete(service: service, account: account)
+        try vault.delete(service: service, account: account, interaction: interaction)
     }
 
     public static func now() -> Int64 { Int64(time(nil)) }

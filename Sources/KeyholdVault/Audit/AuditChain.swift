@@ -305,16 +305,24 @@ extension VaultStore {
     public func auditEntries(visibleTo uid: UInt32?, since: Int64? = nil, item: (service: String, account: String)? = nil,
                              afterSeq: Int64? = nil, limit: Int? = nil) throws(StoreError) -> [AuditEntryView] {
         var out: [AuditEntryView] = []
+        // A user's entries are also numbered among their own (row_number over all of theirs,
+        // whatever the filters), so what they see reveals nothing of others' activity.
+        let sql = uid == nil ? """
+            SELECT \(Self.auditColumns), NULL FROM audit
+            WHERE (?1 IS NULL OR caller_uid = ?1) AND time_us >= ?2 AND seq > ?3 ORDER BY seq
+            """ : """
+            SELECT \(Self.auditColumns), own FROM (
+                SELECT \(Self.auditColumns), row_number() OVER (ORDER BY seq) AS own FROM audit WHERE caller_uid = ?1)
+            WHERE time_us >= ?2 AND seq > ?3 ORDER BY seq
+            """
         do {
-            try db.withStatement("""
-                SELECT \(Self.auditColumns) FROM audit
-                WHERE (?1 IS NULL OR caller_uid = ?1) AND time_us >= ?2 AND seq > ?3 ORDER BY seq
-                """) { (s) throws(DatabaseError) in
+            try db.withStatement(sql) { (s) throws(DatabaseError) in
                 if let uid { try s.bind(1, Int64(uid)) } else { try s.bindNull(1) }
                 try s.bind(2, since ?? Int64.min)
                 try s.bind(3, afterSeq ?? Int64.min)
                 while try s.step() {
                     let row = AuditRow(s)
+                    let own = s.isNull(13) ? nil : s.int64(13)
                     var service: String?, account: String?, reason: String?
                     var intact = true
                     if let raw = row.fields.details {
@@ -335,7 +343,7 @@ extension VaultStore {
                         operation: text(row.fields.operation), itemID: row.fields.itemID.flatMap { ItemID(bytes: $0) },
                         service: service, account: account, decision: text(row.fields.decision),
                         method: text(row.fields.method), reason: reason, outcome: text(row.fields.outcome),
-                        mac: row.mac, detailsIntact: intact))
+                        mac: row.mac, detailsIntact: intact, ownSeq: own))
                     if let limit, out.count >= limit { return }
                 }
             }

@@ -124,6 +124,9 @@ public struct AuditEntryView: Sendable, Equatable {
     public let mac: [UInt8]
     /// False when the sealed names failed to open (the row was altered); `audit verify` says where.
     public let detailsIntact: Bool
+    /// For a non-root reader: the entry's number among that user's own entries (1, 2, 3, …),
+    /// shown instead of `seq`, whose gaps would reveal when others use the vault.
+    public var ownSeq: Int64? = nil
 }
 
 /// The result of checking the whole audit chain.

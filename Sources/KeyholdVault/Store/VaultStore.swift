@@ -462,15 +462,12 @@ public final class VaultStore {
                           updatedAt: now, passwordHashing: sealed.passwordHashing, generation: generation)
     }
 
-    /// A store transaction that changes the generation record: on any failure the in-memory
-    /// record is dropped (it is read again), since it may not match what was rolled back.
+    /// A store transaction that changes the generation record. The in-memory record is updated
+    /// only after it commits (`commitGeneration`), so a rollback leaves both as they were; it is
+    /// not dropped on failure, which would let a flood of failing requests (duplicates) force a
+    /// re-read of the whole record each time.
     private func changingGenerations<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
-        do {
-            return try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
-        } catch {
-            generationState = .unknown
-            throw error
-        }
+        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
     }
 
     private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
