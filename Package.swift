@@ -54,7 +54,7 @@ let package = Package(
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd"]),
         // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
     ]

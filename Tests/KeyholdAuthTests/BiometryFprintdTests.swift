@@ -3,6 +3,7 @@
 import Foundation
 import Glibc
 import KeyholdAuth
+import KeyholdCLI
 import KeyholdTestSupport
 import Testing
 
@@ -126,7 +127,6 @@ import Testing
     @Test func readerAndFingersThroughFprintdsDBusAPI() throws {
         let env = try #require(FprintEnvironment.current)
         #expect(BiometryReader.readerDescription(busAddress: env.busAddress) == "Virtual device for debugging")
-        #expect(BiometryStore.readerDescription(busAddress: env.busAddress) == "Virtual device for debugging")
         #expect(BiometryReader.enrolledFingers(user: user, busAddress: env.busAddress) == [])
         try env.enroll(user: user, finger: "left-thumb", print: "print-khfp-d")
         defer { try? env.deleteAll(user: user) }

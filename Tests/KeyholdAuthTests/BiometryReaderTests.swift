@@ -3,6 +3,7 @@
 import Foundation
 import Glibc
 import KeyholdAuth
+import KeyholdCLI
 import Testing
 
 /// A one-connection fake bus on a unix socket: after the client's first bytes it writes

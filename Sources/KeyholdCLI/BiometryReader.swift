@@ -1,7 +1,8 @@
 // fprintd's D-Bus API, for what only fprintd knows: the reader's name (for `keyhold biometry`)
-// and its own list of enrolled fingers. Never used for the domain state digest (see
-// BiometryStore for why). A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
-// a few method calls, little-endian messages only — so KeyholdAuth needs no D-Bus library.
+// and its own list of enrolled fingers. Never used for the domain state digest (the broker
+// reads fprintd's print store instead). It runs in the CLI, as the user, so the root broker
+// keeps no bus client. A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
+// a few method calls, little-endian messages only — so Keyhold needs no D-Bus library.
 // Every failure (no bus, no fprintd, a malformed or oversized reply, a timeout) is nil.
 import Glibc
 import CKeyholdOS
@@ -32,7 +33,7 @@ public enum BiometryReader {
     /// fprintd's own answer to ListEnrolledFingers(user): [] when it has none (its
     /// NoEnrolledPrints error), nil when it cannot be asked or refuses (polkit).
     public static func enrolledFingers(user: String, busAddress: String? = nil, timeoutMilliseconds: Int = 2000) -> [String]? {
-        guard BiometryStore.isAcceptableUserName(user),
+        guard !user.isEmpty, user.utf8.count <= 255, !user.utf8.contains(0),
               let bus = DBusConnection(address: busAddress ?? systemBusAddress(), timeoutMilliseconds: timeoutMilliseconds),
               let device = bus.defaultDevice() else { return nil }
         defer { bus.close() }
@@ -45,13 +46,6 @@ public enum BiometryReader {
     }
 
     static let fprint = "net.reactivated.Fprint"
-}
-
-extension BiometryStore {
-    /// The reader's name through fprintd's D-Bus API; nil when it cannot be asked.
-    public static func readerDescription(busAddress: String? = nil) -> String? {
-        BiometryReader.readerDescription(busAddress: busAddress)
-    }
 }
 
 struct DBusReply {
