@@ -81,3 +81,29 @@ CREATE TABLE audit_checkpoint (
     mac             BLOB NOT NULL,
     checkpoint_tag  BLOB NOT NULL
 );
+
+-- migrate:2
+
+-- Item generations (issue 8, item 6): an older copy of an item's row must not open.
+-- `generation` grows on every change of an item's secret or policy and is bound into the
+-- associated data of its boxes (0 = written before this migration, sealed without it).
+ALTER TABLE items ADD COLUMN generation INTEGER NOT NULL DEFAULT 0;
+
+-- Each existing item's current generation. A row of `items` whose generation differs, or
+-- whose id is absent here (a deleted item put back), fails with integrity.
+CREATE TABLE item_generation (
+    item_id    BLOB PRIMARY KEY NOT NULL CHECK (length(item_id) = 16),
+    generation INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO item_generation (item_id, generation) SELECT id, generation FROM items;
+
+-- digest = XOR over item_generation of BLAKE2b_generationKey(item_id || generation), kept
+-- up to date on every change; tag = BLAKE2b_generationKey("generation head" || digest ||
+-- audit head seq || audit head mac), rewritten with every audit entry. Restoring older rows
+-- of item_generation (and this row) no longer matches the audit head. Written by the store
+-- on the first open after this migration (SQL cannot compute it).
+CREATE TABLE item_generation_head (
+    id     INTEGER PRIMARY KEY NOT NULL CHECK (id = 1),
+    digest BLOB NOT NULL,
+    tag    BLOB NOT NULL
+);

@@ -53,7 +53,7 @@ public struct CallerFacts: Sendable, Equatable {
                            tty: ttyPath(stat.ttyNr), remote: remote)
     }
 
-    static func readExecutable(pid: Int32) -> String? {
+    public static func readExecutable(pid: Int32) -> String? {
         var buf = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = readlink("/proc/\(pid)/exe", &buf, buf.count - 1)
         guard n > 0 else { return nil }

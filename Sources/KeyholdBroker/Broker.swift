@@ -10,16 +10,38 @@ import KeyholdProtocol
 public final class Broker: Sendable {
     let gate: ReleaseGate
     let syslog: AuditSyslog
+    /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
+    let budget = AuditBudget()
+    let reserve: FreeSpaceReserve
+    /// How the vault key is kept, for `keyhold status`.
+    let protection: VaultProtection
+    /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
+    let anchor: RollbackAnchor?
+    /// With the TPM protector: the NV counter, advanced after changes that matter.
+    let counter: TPMRollbackCounter?
     private let store: Mutex<VaultStore>
+    /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
+    let group = GroupCommit()
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
+         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
+         counter: TPMRollbackCounter? = nil) {
+        self.reserve = reserve
+        self.protection = protection
+        self.anchor = anchor
+        self.counter = counter
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
-        store.withLock { body($0) }
+        store.withLock { store in
+            let result = body(store)
+            counter?.advance(store)
+            anchor?.advance(store)
+            return result
+        }
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers
@@ -27,21 +49,42 @@ public final class Broker: Sendable {
     @discardableResult
     func audit(_ event: AuditEvent) -> Bool {
         let record = event.record()
-        let ok = withStore { store -> Bool in
+        if case .success = transact(record, { (store) throws(StoreError) in try store.append(record) }) { return true }
+        return false
+    }
+
+    /// Audit, then act: `body` writes `record` and the change or release it belongs to, as one
+    /// member of a group commit. Its value is returned only once the commit holding the entry
+    /// is durable; if that commit fails, `discard` gets the value (to wipe a secret) and the
+    /// result is `.auditWriteFailed`. The entry's system-log copy follows the commit.
+    func transact<R>(_ record: AuditRecord, _ body: (VaultStore) throws(StoreError) -> R,
+                     discard: (R) -> Void = { _ in }) -> Result<R, StoreError> {
+        var result: Result<R, StoreError> = .failure(.auditWriteFailed)
+        let committed = group.run({ store in
             do throws(StoreError) {
-                try store.append(record)
+                result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
                 return true
             } catch {
+                result = .failure(error)
                 return false
             }
+        }, withStore: { work in withStore(work) })
+        if case .success(let value) = result, !committed {
+            discard(value)
+            result = .failure(.auditWriteFailed)
         }
-        committed(record, ok)
-        return ok
+        switch result {
+        case .success: self.committed(record, true)
+        case .failure(.auditWriteFailed): self.committed(record, false)
+        case .failure: break  // refused before anything was written (its denial is audited apart)
+        }
+        return result
     }
 
     /// After an audit entry's transaction: its copy to the system log, or the failure.
     func committed(_ record: AuditRecord, _ ok: Bool) {
         if ok {
+            budget.charge(uid: record.callerUID, bytes: AuditBudget.cost(record))
             syslog.record(record)
         } else {
             log("audit entry could not be written; request refused")

@@ -1,4 +1,3 @@
-import Foundation
 import Glibc
 import Synchronization
 import CKeyholdOS
@@ -23,20 +22,39 @@ public enum BrokerMain {
             }
         }
         harden()
-
-        let store: VaultStore
-        do throws(StoreError) {
-            store = try VaultStore.open(stateDirectory: options.stateDirectory)
-        } catch {
-            fail("cannot open the vault in \(options.stateDirectory): \(error)")
-        }
         // The PAM helper is this same binary, by absolute path (re-executed as --pam-helper).
         guard let helper = CallerFacts.read(pid: getpid())?.executable, helper.hasPrefix("/") else {
             fail("cannot resolve /proc/self/exe")
         }
+        if let target = options.migrateKeyProtector {
+            do throws(StoreError) {
+                print(try KeyProtectorMigration.run(to: target, options: options, executable: helper))
+                exit(0)
+            } catch {
+                fail("cannot migrate the key protector of \(options.stateDirectory): \(error)")
+            }
+        }
+
+        let store: VaultStore
+        let protector: KeyProtectorKind
+        do throws(StoreError) {
+            protector = try KeyProtectorSetup.resolve(options)
+            store = try VaultStore.open(stateDirectory: options.stateDirectory,
+                                        keyProtector: KeyProtectorSetup.protector(protector, options))
+            if let record = KeyProtectorSetup.startAudit(protector, options, executable: helper) { try store.append(record) }
+        } catch {
+            fail("cannot open the vault in \(options.stateDirectory): \(error)")
+        }
+        let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
+        if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
+        let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
+        if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
-                            syslog: AuditSyslog(socketPath: options.syslogSocket))
+                            syslog: AuditSyslog(socketPath: options.syslogSocket),
+                            reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve),
+                            protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
+                            anchor: anchor, counter: counter)
 
         let listener: Int32
         do throws(ListenerError) {
@@ -45,6 +63,14 @@ public enum BrokerMain {
             fail("cannot listen on \(options.socketPath): \(error)")
         }
         startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
+        // Counted refusals become refused-burst entries once each uid's audit budget refills.
+        BrokerThread.start {
+            while true {
+                sleep(1)
+                broker.flushRefusedBursts()
+            }
+        }
+        broker.log(KeyProtectorSetup.startLine(protector, options))
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }
@@ -67,6 +93,8 @@ public enum BrokerMain {
             fail("cannot disable core dumps")
         }
         umask(0o077)
+        // A descriptor per connection (and a pidfd): the slots of `ConnectionSlots` plus room.
+        _ = ckh_raise_nofile(8192)
         signal(SIGPIPE, SIG_IGN)
         // A write past RLIMIT_FSIZE must fail the transaction (→ audit unavailable), not kill us.
         signal(SIGXFSZ, SIG_IGN)
@@ -78,7 +106,7 @@ public enum BrokerMain {
     }
 
     static func startSignalThread(broker: Broker, listener: Int32, socketPath: String) {
-        let thread = Thread {
+        BrokerThread.start {
             var set = sigset_t()
             sigemptyset(&set)
             for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }
@@ -92,10 +120,9 @@ public enum BrokerMain {
                 broker.closeAndExit()
             }
         }
-        thread.start()
     }
 
-    static func fail(_ message: String, code: Int32 = 1) -> Never {
+    public static func fail(_ message: String, code: Int32 = 1) -> Never {
         let text = "keyholdd: \(message)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
         exit(code)
@@ -104,6 +131,7 @@ public enum BrokerMain {
 
 extension Broker {
     func closeAndExit() -> Never {
+        flushRefusedBursts(all: true)
         _ = withStore { store -> Bool in
             store.close()
             exit(0)

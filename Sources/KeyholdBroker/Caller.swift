@@ -1,13 +1,36 @@
 import Glibc
 import CKeyholdOS
 import KeyholdAuth
+import KeyholdProtocol
 
-/// Who is calling, as the kernel says: `SO_PEERCRED` uid and pid, then what /proc shows for
-/// that pid (`CallerFacts`). Nothing here comes from what the client sent.
+/// The process at the other end of a connection, as the kernel said at connect time
+/// (`SO_PEERCRED`), with a pidfd that tells whether that very process is still alive.
+struct Peer: Sendable {
+    let pid: Int32
+    let uid: UInt32
+    /// `SO_PEERPIDFD`, or `pidfd_open` of the peer pid where the kernel lacks it; -1 if neither.
+    let pidfd: Int32
+
+    init(fd: Int32, pid: Int32, uid: UInt32) {
+        self.pid = pid
+        self.uid = uid
+        let fromSocket = ckh_peer_pidfd(fd)
+        pidfd = fromSocket >= 0 ? fromSocket : ckh_pidfd_open(pid)
+    }
+
+    var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }
+
+    func close() { if pidfd >= 0 { _ = Glibc.close(pidfd) } }
+}
+
+/// Who is calling, as the kernel says: the process that sent the request (`SCM_CREDENTIALS`
+/// of its bytes, at the time it sent them), then what /proc shows for that pid
+/// (`CallerFacts`). Nothing here comes from what the client wrote.
 struct Caller: Sendable {
     let uid: UInt32
+    /// The sender of the request (the connection's peer when no credentials came).
     let pid: Int32
-    /// `/proc/PID/exe`, or "?" when it cannot be read (the process is gone).
+    /// `/proc/PID/exe` of the sender, read after its request arrived; "?" when unreadable.
     let executable: String
     /// Login session (`getsid`), which scopes authentication reuse windows; -1 if unknown.
     let sessionID: Int32
@@ -16,13 +39,70 @@ struct Caller: Sendable {
     /// PAM_TTY and PAM_RHOST, from what the broker could verify about the caller's session.
     let tty: String?
     let remoteHost: String?
+    /// The connection this request came on, and its peer.
+    var socket: Int32 = -1
+    var peer: Peer?
+    /// Why the sender cannot be tied to one process that connected, sent and still runs
+    /// (checked again in `executableForAllowList`); nil when nothing was found wrong yet.
+    var identityProblem: String?
 
-    /// Reads the peer's credentials. A socket whose peer cannot be identified is refused.
-    static func identify(socket fd: Int32) -> Caller? {
-        var pid: Int32 = 0, uid: UInt32 = 0, gid: UInt32 = 0
-        guard ckh_peercred(fd, &pid, &uid, &gid) == 0, pid > 0 else { return nil }
+    /// The caller of a request whose bytes came from `senders` over `peer`'s connection.
+    static func identify(socket fd: Int32, peer: Peer, senders: [FrameSender]) -> Caller {
+        var problem: String?
+        var pid = peer.pid
+        if senders.count != 1 {
+            problem = senders.isEmpty ? "the request came without sender credentials" : "the request was sent by more than one process"
+        } else if senders[0].pid <= 0 {
+            problem = "the request came without sender credentials"
+        } else {
+            pid = senders[0].pid
+        }
+        // A pidfd taken before /proc is read: if it is still alive afterwards, the facts are this process's.
+        let pidfd = ckh_pidfd_open(pid)
+        defer { if pidfd >= 0 { close(pidfd) } }
         let facts = CallerFacts.read(pid: pid)
-        return Caller(uid: uid, pid: pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
-                      userName: CallerAccount.lookup(uid: uid)?.name, tty: facts?.tty, remoteHost: facts?.pamRemoteHost)
+        if pidfd < 0 || ckh_pidfd_alive(pidfd) != 1 { problem = problem ?? "the sender exited before it could be identified" }
+        var caller = Caller(uid: peer.uid, pid: pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
+                            userName: CallerAccount.lookup(uid: peer.uid)?.name, tty: facts?.tty, remoteHost: facts?.pamRemoteHost)
+        caller.socket = fd
+        caller.peer = peer
+        caller.identityProblem = problem
+        return caller
     }
+
+    /// The peer alone, for a connection whose request could not be read.
+    static func identify(socket fd: Int32, peer: Peer) -> Caller {
+        let facts = CallerFacts.read(pid: peer.pid)
+        var caller = Caller(uid: peer.uid, pid: peer.pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
+                            userName: CallerAccount.lookup(uid: peer.uid)?.name, tty: facts?.tty, remoteHost: facts?.pamRemoteHost)
+        caller.socket = fd
+        caller.peer = peer
+        caller.identityProblem = "the request could not be read"
+        return caller
+    }
+
+    /// The executable an `--allow-exe` list is checked against, or why there is none: the
+    /// process that connected must be the one that sent the request, be the only process
+    /// holding the connection, still be alive, and still run the executable read on arrival.
+    func executableForAllowList() -> Result<String, IdentityProblem> {
+        if let identityProblem { return .failure(IdentityProblem(why: identityProblem)) }
+        guard let peer, peer.pid == pid else { return .failure(IdentityProblem(why: "the request was sent by another process than the one that connected")) }
+        guard peer.isAlive else { return .failure(IdentityProblem(why: "the process that connected has exited")) }
+        var inode: UInt64 = 0
+        guard ckh_unix_peer_inode(socket, &inode) == 0 else { return .failure(IdentityProblem(why: "the connection's holders cannot be checked")) }
+        var holders = [Int32](repeating: 0, count: 4)
+        let n = ckh_socket_holders(inode, &holders, Int32(holders.count))
+        guard n == 1, holders[0] == pid else {
+            return .failure(IdentityProblem(why: n < 0 ? "the connection's holders cannot be checked" : "the connection is held by \(n) processes"))
+        }
+        guard CallerFacts.readExecutable(pid: pid) == executable, peer.isAlive else {
+            return .failure(IdentityProblem(why: "the caller changed its executable"))
+        }
+        return .success(executable)
+    }
+}
+
+/// Why a request cannot be tied to one process for an `--allow-exe` check.
+struct IdentityProblem: Error {
+    let why: String
 }

@@ -1,7 +1,7 @@
-import Foundation
 import Glibc
-import Synchronization
 import CKeyholdOS
+import KeyholdCore
+import KeyholdProtocol
 
 enum ListenerError: Error, CustomStringConvertible {
     case pathTooLong, inUse, notASocket, system(String, Int32)
@@ -16,11 +16,11 @@ enum ListenerError: Error, CustomStringConvertible {
 }
 
 /// The Unix socket and its accept loop: one thread per connection, so a slow PAM
-/// conversation holds up no one else.
+/// conversation holds up no one else; slots are shared fairly per uid (`ConnectionSlots`).
 enum Listener {
-    /// Most connections served at once; beyond it new ones are closed at once.
-    static let maxSessions = 256
-    static let active = Atomic<Int>(0)
+    /// A burst of connections waits in the kernel's queue instead of failing.
+    static let backlog: Int32 = 4096
+    static let slots = ConnectionSlots()
 
     static func bind(path: String, mode: UInt32) throws(ListenerError) -> Int32 {
         var st = stat()
@@ -35,13 +35,16 @@ enum Listener {
         }
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .system("socket", errno) }
+        // On the listener, so that bytes sent before accept already carry their sender, and
+        // every accepted socket inherits it (SCM_CREDENTIALS on every message).
+        guard ckh_set_passcred(fd) == 0 else { let e = errno; close(fd); throw .system("SO_PASSCRED", e) }
         guard ckh_bind_unix(fd, path) == 0 else {
             let e = errno
             close(fd)
             throw e == ENAMETOOLONG ? .pathTooLong : .system("bind", e)
         }
         guard chmod(path, mode_t(mode)) == 0 else { let e = errno; close(fd); throw .system("chmod", e) }
-        guard listen(fd, 128) == 0 else { let e = errno; close(fd); throw .system("listen", e) }
+        guard listen(fd, backlog) == 0 else { let e = errno; close(fd); throw .system("listen", e) }
         return fd
     }
 
@@ -58,26 +61,51 @@ enum Listener {
                 pause()
                 continue
             }
-            guard active.add(1, ordering: .relaxed).newValue <= maxSessions else {
-                active.subtract(1, ordering: .relaxed)
+            var pid: Int32 = 0, uid: UInt32 = 0, gid: UInt32 = 0
+            guard ckh_peercred(fd, &pid, &uid, &gid) == 0, pid > 0 else {
                 close(fd)
                 continue
             }
-            // A client that stops talking mid-conversation does not hold a thread forever.
-            var timeout = timeval(tv_sec: 120, tv_usec: 0)
+            guard slots.acquire(uid: uid) else {
+                broker.budget.suppress(uid: uid)
+                answerBusy(fd)
+                continue
+            }
+            _ = ckh_set_passcred(fd)
+            // Backstops only: reads are bounded by the whole-frame deadlines of `Session`.
+            var timeout = timeval(tv_sec: 130, tv_usec: 0)
             setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
             var sendTimeout = timeval(tv_sec: 30, tv_usec: 0)
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
-            let thread = Thread {
+            let peer = Peer(fd: fd, pid: pid, uid: uid)
+            let owner = uid
+            let started = BrokerThread.start {
                 defer {
+                    peer.close()
                     close(fd)
-                    active.subtract(1, ordering: .relaxed)
+                    slots.release(uid: owner)
                 }
-                guard let caller = Caller.identify(socket: fd) else { return }
-                Session(fd: fd, caller: caller, broker: broker).run()
+                Session.serve(fd: fd, peer: peer, broker: broker)
             }
-            thread.stackSize = 1 << 20
-            thread.start()
+            if !started {
+                peer.close()
+                slots.release(uid: uid)
+                answerBusy(fd)
+            }
         }
+    }
+
+    /// A *busy* answer without reading the request: whatever the client already sent is
+    /// drained first (so closing does not reset its connection), then one small frame into the
+    /// new socket's empty send buffer, then close. Never blocks the accept loop.
+    static func answerBusy(_ fd: Int32) {
+        var scratch = [UInt8](repeating: 0, count: 4096)
+        for _ in 0..<32 where recv(fd, &scratch, scratch.count, Int32(MSG_DONTWAIT)) > 0 {}
+        let payload = BrokerMessage.response(Response(.busy, detail: "too many connections from this user; try again shortly")).encode()
+        try? Frame.write(payload, to: fd)
+        payload.wipe()
+        shutdown(fd, Int32(SHUT_WR))
+        _ = recv(fd, &scratch, scratch.count, Int32(MSG_DONTWAIT))
+        close(fd)
     }
 }

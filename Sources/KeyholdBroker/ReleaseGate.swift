@@ -127,8 +127,14 @@ final class ReleaseGate: Sendable {
                    interruptFD: Int32, announce: () -> Bool,
                    conversation: (PAMMessage) -> PAMAnswer) -> Result<AuthMethod, Denial> {
         let policy = item.access.policy
-        if !item.access.allowedExecutables.isEmpty && !item.access.allowedExecutables.contains(caller.executable) {
-            return .failure(Denial(.notAuthorized, "this program may not read the item"))
+        if !item.access.allowedExecutables.isEmpty {
+            // The sender, the process that connected and the executable must all agree (issue 8).
+            switch caller.executableForAllowList() {
+            case .failure(let problem): return .failure(Denial(.notAuthorized, problem.why))
+            case .success(let exe) where !item.access.allowedExecutables.contains(exe):
+                return .failure(Denial(.notAuthorized, "this program may not read the item"))
+            case .success: break
+            }
         }
         let state = policy.constraints.contains(where: \.acceptsFingerprint) ? domainState(user: caller.userName) : .noneEnrolled
         guard let constraints = effectiveConstraints(item, state: state) else {

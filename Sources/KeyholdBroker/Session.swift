@@ -12,15 +12,33 @@ struct Session {
     let caller: Caller
     let broker: Broker
 
-    func run() {
+    /// How long a client may take: its whole request (from accept), an answer to a prompt
+    /// (a person typing), and any other frame after the first byte may be idle before it.
+    enum Deadlines {
+        static let requestMilliseconds = 5_000
+        static let answerMilliseconds = 120_000
+        static let idleMilliseconds = 5_000
+        static let frameMilliseconds = 10_000
+    }
+
+    /// Serves one accepted connection: reads the request within its deadline, identifies the
+    /// process that sent it (not only the one that connected), and answers.
+    static func serve(fd: Int32, peer: Peer, broker: Broker) {
+        var reader = TimedFrameReader(fd: fd)
         let payload: SecureBytes
         do throws(FrameError) {
-            guard let p = try Frame.read(from: fd) else { return }  // connected and left: nothing asked
+            let ms = Deadlines.requestMilliseconds
+            guard let p = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return }  // connected and left
             payload = p
         } catch {
-            rejectMalformed(error)
+            Session(fd: fd, caller: .identify(socket: fd, peer: peer), broker: broker).rejectMalformed(error)
             return
         }
+        let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+        Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid))
+    }
+
+    func run(_ payload: SecureBytes, senderUIDs: [UInt32]) {
         let message: ClientMessage
         do throws(FrameError) {
             message = try ClientMessage.decode(payload)
@@ -33,7 +51,20 @@ struct Session {
             rejectMalformed(.unexpectedMessage)
             return
         }
-        let response = handle(request)
+        // Over this uid's audit budget: not carried out, counted for its refused-burst entry.
+        guard broker.budget.admit(uid: caller.uid) else {
+            send(.response(Response(.busy, detail: "too many requests from this user; try again shortly")))
+            request.secret?.wipe()
+            request.appPassword?.wipe()
+            return
+        }
+        let response: Response
+        if senderUIDs.contains(where: { $0 != caller.uid }) {
+            // A connection handed to another user's process: neither may act through it.
+            response = deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
+        } else {
+            response = handle(request)
+        }
         send(.response(response))
         response.secret?.wipe()
         request.secret?.wipe()
@@ -42,7 +73,8 @@ struct Session {
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an
     /// audit entry, and the connection is closed by the caller of `run`.
-    private func rejectMalformed(_ error: FrameError) {
+    fileprivate func rejectMalformed(_ error: FrameError) {
+        guard broker.budget.admit(uid: caller.uid) else { return }  // counted for its refused-burst entry
         let outcome: Outcome = .usage
         broker.audit(AuditEvent(caller: caller, operation: .invalid, decision: .error, outcome: outcome))
         if case .io = error { return }
@@ -62,6 +94,22 @@ struct Session {
     // MARK: dispatch
 
     private func handle(_ request: Request) -> Response {
+        // Item writes stop short of the free-space reserve; audit entries may still use it.
+        if request.operation == .put {
+            if broker.reserve.isLow {
+                return deny(request, request.update ? .update : .put, item: nil,
+                            Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+            }
+            // What an item write can add (sealed secret and texts) counts against the uid's budget too.
+            let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }
+            broker.budget.charge(uid: caller.uid, bytes: (request.secret?.count ?? 0) + (request.appPassword?.count ?? 0) + texts + 512)
+        }
+        var request = request
+        switch checkClaim(request) {
+        case .none: break
+        case .claimed(let r): request = r
+        case .refused(let d): return deny(request, .invalid, item: nil, d)
+        }
         switch request.operation {
         case .put: return put(request)
         case .get: return get(request)
@@ -74,6 +122,7 @@ struct Session {
         case .auditVerify: return auditVerify(request)
         case .auditPrune: return auditPrune(request)
         case .auditVerifyExport: return auditVerifyExport(request)
+        case .status: return status(request)
         }
     }
 
@@ -140,7 +189,9 @@ struct Session {
     private func ask(_ prompt: Prompt) -> PAMAnswer {
         guard send(.prompt(prompt)) else { return .cancel }
         do throws(FrameError) {
-            guard let payload = try Frame.read(from: fd) else { return .cancel }
+            var reader = TimedFrameReader(fd: fd)
+            let ms = Deadlines.answerMilliseconds
+            guard let payload = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return .cancel }
             defer { payload.wipe() }
             if case .answer(let s) = try ClientMessage.decode(payload) { return .answer(s) }
             return .cancel
@@ -169,6 +220,7 @@ struct Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
+        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
         var method: AuthMethod
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
@@ -183,24 +235,16 @@ struct Session {
         if appPassword != nil { method = method.adding(.appPassword) }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        let opened: Result<SecureBytes, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let secret = try store.openSecret(item, appPassword: appPassword)
-                let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-                do throws(StoreError) {
-                    try store.append(record)
-                } catch {
-                    secret.wipe()
-                    broker.committed(record, false)
-                    return .failure(Denial(.auditUnavailable))
-                }
-                broker.committed(record, true)
-                return .success(secret)
-            } catch .appPasswordWrong {
-                return .failure(Denial(.authenticationFailed, "wrong application password"))
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
+        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        let opened: Result<SecureBytes, Denial>
+        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
+            let secret = try store.openSecret(item, appPassword: appPassword)
+            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
+            return secret
+        }, discard: { $0.wipe() }) {
+        case .success(let secret): opened = .success(secret)
+        case .failure(.appPasswordWrong): opened = .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): opened = .failure(Denial(error.outcome))
         }
         switch opened {
         case .success(let secret):
@@ -289,26 +333,13 @@ struct Session {
         }
         let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
                               access: access, biometryState: biometryState)
-        let result: Result<StoredItem, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
-                do throws(StoreError) {
-                    let stored: StoredItem
-                    if let existing {
-                        stored = try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
-                    } else {
-                        stored = try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
-                    }
-                    broker.committed(audit, true)
-                    return .success(stored)
-                } catch .auditWriteFailed {
-                    broker.committed(audit, false)
-                    throw .auditWriteFailed
-                }
-            } catch {
-                return .failure(Denial(error.outcome))
+        let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
+            if let existing {
+                return try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
             }
-        }
+            return try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success: return Response(.ok)
         case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
@@ -327,21 +358,10 @@ struct Session {
         case .success(let found?): item = found
         }
         // Like SecItemDelete, removing an item needs no authentication: the caller's uid owns it.
-        let result: Result<Void, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
-                do throws(StoreError) {
-                    try store.delete(item, audit: audit)
-                } catch .auditWriteFailed {
-                    broker.committed(audit, false)
-                    throw .auditWriteFailed
-                }
-                broker.committed(audit, true)
-                return .success(())
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
+        let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            try store.delete(item, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success: return Response(.ok)
         case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
@@ -354,20 +374,13 @@ struct Session {
     /// decision with the integrity outcome so the audit shows what happened.
     private func deleteDamaged(_ request: Request, _ ref: ItemReference) -> Response {
         let audit = event(request, .delete, decision: .error, outcome: .integrityFailure).record()
-        let result: Result<Void, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
-                return .success(())
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+        }.mapError { Denial($0.outcome) }
         switch result {
         case .success:
-            broker.committed(audit, true)
             return Response(.ok, detail: "the item was damaged; it has been removed")
         case .failure(let d) where d.outcome == .auditUnavailable:
-            broker.committed(audit, false)
             return Response(.auditUnavailable)
         case .failure(let d): return deny(request, .delete, item: nil, d)
         }
@@ -391,7 +404,8 @@ struct Session {
             let infos = found.items.map { i in
                 ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
                          policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
-                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt)
+                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
+                         generation: i.generation)
             }
             for payload in BrokerMessage.encodedItemBatches(infos) {
                 do throws(FrameError) {
@@ -436,6 +450,12 @@ struct Session {
             guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
             return r
         }
+    }
+
+    /// Anyone may ask how the vault is protected; nothing about items.
+    private func status(_ request: Request) -> Response {
+        guard broker.audit(event(request, .status, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok, detail: broker.protection.statusText)
     }
 
     private func lock(_ request: Request) -> Response {
@@ -628,7 +648,9 @@ extension Session {
         reading: while true {
             let message: ClientMessage
             do throws(FrameError) {
-                guard let payload = try Frame.read(from: fd) else {
+                var reader = TimedFrameReader(fd: fd)
+                guard let payload = try reader.read(idleMilliseconds: Deadlines.idleMilliseconds,
+                                                    frameMilliseconds: Deadlines.frameMilliseconds) else {
                     return deny(request, .auditVerify, item: nil, Denial(.usage, "the export ended before its end marker"))
                 }
                 defer { payload.wipe() }

@@ -15,7 +15,8 @@ enum AuditCommands {
 
     static func itemFilter(_ c: ParsedCommand) throws(KeyholdError) -> (service: String, account: String)? {
         guard let text = c.value("--item") else { return nil }
-        guard let slash = text.firstIndex(of: "/"), slash != text.startIndex, text.index(after: slash) != text.endIndex else {
+        // The last `/`: service names such as git's `git:https://host/path` contain slashes.
+        guard let slash = text.lastIndex(of: "/"), slash != text.startIndex, text.index(after: slash) != text.endIndex else {
             throw .invalidRequest("--item wants SERVICE/ACCOUNT")
         }
         return (String(text[..<slash]), String(text[text.index(after: slash)...]))

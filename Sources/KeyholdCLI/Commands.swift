@@ -33,6 +33,7 @@ public enum KeyholdCommand {
                 Never prompts.
                 """),
             CommandSpec("lock", summary: "Ends every authentication reuse window of yours at once."),
+            CommandSpec("status", summary: "Shows how the broker protects the vault: key protector (tpm or file), rollback detection."),
             CommandSpec("biometry", summary: "Shows your fingerprint reader, enrolled fingers, and items bound to them."),
             CommandSpec("audit", options: [
                 OptionSpec("--json", help: "JSON Lines instead of a table"),
@@ -82,6 +83,7 @@ public enum KeyholdCommand {
             case "ls": try list(vault, json: c.flag("--json"))
             case "state": try state(vault, c)
             case "lock": try vault.lock()
+            case "status": Output.out(try vault.protectionStatus() + "\n")
             case "biometry": try biometry(vault)
             case "audit": try AuditCommands.show(vault, c)
             case "audit verify":
@@ -181,6 +183,7 @@ public enum KeyholdCommand {
                     ("allowed_executables", .array(i.allowedExecutables.map { .string($0) })),
                     ("reuse_seconds", .number(Int64(i.reuseSeconds))),
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
+                    ("generation", .number(Int64(clamping: i.generation))),
                 ]) + "\n")
             }
             return

@@ -12,11 +12,20 @@ public protocol Interaction: AnyObject {
     func show(_ notice: Notice)
 }
 
-/// One connection to the broker, carrying one request and its conversation.
-struct BrokerConnection {
-    let fd: Int32
+/// One connection to the broker, carrying one request and its conversation. A *busy* answer
+/// (this uid at its connection cap or audit budget) is retried on a new connection for up to
+/// `busyRetrySeconds` before it is surfaced.
+final class BrokerConnection {
+    private(set) var fd: Int32
+    let socketPath: String
+    static let busyRetrySeconds = 3.0
 
     init(socketPath: String) throws(KeyholdError) {
+        self.socketPath = socketPath
+        fd = try Self.connect(socketPath)
+    }
+
+    private static func connect(_ socketPath: String) throws(KeyholdError) -> Int32 {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw .brokerUnavailable("cannot create a socket") }
         let rc = ckh_connect_unix(fd, socketPath)
@@ -25,10 +34,25 @@ struct BrokerConnection {
             _ = Glibc.close(fd)
             throw .brokerUnavailable("cannot connect to \(socketPath): \(String(cString: strerror(e)))")
         }
-        self.fd = fd
+        return fd
     }
 
     func close() { _ = Glibc.close(fd) }
+
+    /// Sleeps a little (growing, with jitter) and opens a new connection; false once the retry
+    /// time is used up.
+    private func reconnect(attempt: Int, started: timespec) -> Bool {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        let elapsed = Double(now.tv_sec - started.tv_sec) + Double(now.tv_nsec - started.tv_nsec) / 1e9
+        guard elapsed < Self.busyRetrySeconds else { return false }
+        let base = min(10_000 << min(attempt, 5), 250_000)
+        usleep(UInt32(base / 2 + Int.random(in: 0...base)))
+        _ = Glibc.close(fd)
+        guard let next = try? Self.connect(socketPath) else { fd = -1; return false }
+        fd = next
+        return true
+    }
 
     func send(_ message: ClientMessage) throws(KeyholdError) {
         do throws(FrameError) {
@@ -58,7 +82,27 @@ struct BrokerConnection {
                  onItems: ([ItemInfo]) -> Void = { _ in },
                  onAudit: ([AuditEntryInfo]) -> Bool = { _ in true },
                  onExportHeader: (AuditExportHeader) -> Void = { _ in }) throws(KeyholdError) -> Response {
-        try send(.request(request))
+        var started = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &started)
+        var attempt = 0
+        while true {
+            let r = try performOnce(request, interaction: interaction, onItems: onItems, onAudit: onAudit, onExportHeader: onExportHeader)
+            // Busy comes before anything else of the request happened: asking again is safe.
+            guard r.outcome == .busy, reconnect(attempt: attempt, started: started) else { return r }
+            attempt += 1
+        }
+    }
+
+    private func performOnce(_ request: Request, interaction: Interaction?, onItems: ([ItemInfo]) -> Void,
+                             onAudit: ([AuditEntryInfo]) -> Bool,
+                             onExportHeader: (AuditExportHeader) -> Void) throws(KeyholdError) -> Response {
+        do throws(KeyholdError) {
+            try send(.request(request))
+        } catch {
+            // The broker may have answered *busy* and closed before reading: read that answer.
+            if case .response(let r) = try? receive(), r.outcome == .busy { return r }
+            throw error
+        }
         while true {
             switch try receive() {
             case .prompt(let p):

@@ -15,6 +15,10 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case brokerUnavailable(String)
     case auditUnavailable
     case integrityFailure
+    /// The item changed since it was read (exit code 14).
+    case conflict
+    /// The broker is at this uid's connection cap or audit budget (exit 15); retried ~3 s first.
+    case busy
     /// The request itself is wrong (too large, a bad policy): exit code 2.
     case invalidRequest(String)
     /// Anything else, including a broker that spoke garbage.
@@ -33,6 +37,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .brokerUnavailable: .brokerUnavailable
         case .auditUnavailable: .auditUnavailable
         case .integrityFailure: .integrityFailure
+        case .conflict: .conflict
+        case .busy: .busy
         case .invalidRequest: .usage
         case .other: .otherError
         }
@@ -51,6 +57,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .brokerUnavailable: self = .brokerUnavailable(response.detail ?? "broker unavailable")
         case .auditUnavailable: self = .auditUnavailable
         case .integrityFailure: self = .integrityFailure
+        case .conflict: self = .conflict
+        case .busy: self = .busy
         case .usage: self = .invalidRequest(response.detail ?? "invalid request")
         case .ok, .otherError: self = .other(response.detail ?? "error")
         }

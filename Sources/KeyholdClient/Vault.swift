@@ -112,6 +112,11 @@ public struct Vault: Sendable {
         return (state, response.secondsLeft)
     }
 
+    /// How the broker protects the vault: `key-protector=KIND rollback-detection=...`.
+    public func protectionStatus() throws(KeyholdError) -> String {
+        try perform(Request(.status), interaction: nil).detail ?? ""
+    }
+
     /// Ends every authentication reuse window of the caller at once.
     public func lock() throws(KeyholdError) {
         _ = try perform(Request(.lock), interaction: nil)
@@ -239,7 +244,7 @@ public struct Vault: Sendable {
         _ = try perform(r, interaction: interaction)
     }
 
-    private func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
+    func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
         if let item = request.item {

@@ -6,6 +6,9 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     /// Checks an exported audit file: the request carries its header, `auditRows` batches
     /// and an `auditRowsEnd` marker follow on the same connection.
     case auditVerifyExport
+    /// How the vault is protected (key protector, rollback detection); the answer's `detail`
+    /// is `key-protector=KIND rollback-detection=none|tpm-counter`.
+    case status
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state].contains(self) }
@@ -45,6 +48,9 @@ public struct Request {
     public var withRows = false
     /// `auditVerifyExport`: the header of the file being checked.
     public var exportHeader: AuditExportHeader?
+    /// Set by the Secret Service agent: the pid the bus names as the D-Bus sender. A claim from
+    /// a same-user process, never an identity: the broker records it as claimed only.
+    public var claimedPID: Int32?
 
     public init(_ operation: Operation, item: ItemReference? = nil) {
         self.operation = operation
@@ -123,11 +129,14 @@ public struct ItemInfo: Sendable, Equatable {
     public var reuseSeconds: UInt32
     public var createdAt: Int64
     public var updatedAt: Int64
+    /// Grows on every change of the secret or policy (see VaultStore+Generation).
+    public var generation: UInt64
     public init(id: String, service: String, account: String, label: String, kind: ItemKind, policy: String,
-                allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64) {
+                allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64,
+                generation: UInt64 = 0) {
         self.id = id; self.service = service; self.account = account; self.label = label; self.kind = kind
         self.policy = policy; self.allowedExecutables = allowedExecutables; self.reuseSeconds = reuseSeconds
-        self.createdAt = createdAt; self.updatedAt = updatedAt
+        self.createdAt = createdAt; self.updatedAt = updatedAt; self.generation = generation
     }
 }
 
@@ -243,8 +252,9 @@ private enum RequestTag {
     static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
     static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
     static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
+    static let claimedPID: UInt8 = 24
     static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: Set<UInt8> = Set(1...23)
+    static let all: Set<UInt8> = Set(1...24)
 }
 
 private enum ResponseTag {
@@ -260,7 +270,8 @@ private enum ListTag {
 private enum ItemTag {
     static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
     static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
-    static let all: Set<UInt8> = Set(1...10)
+    static let generation: UInt8 = 11
+    static let all: Set<UInt8> = Set(1...11)
 }
 
 private enum AuditTag {
@@ -318,6 +329,7 @@ extension ClientMessage {
                 f.append(Field(RequestTag.throughMAC, .bytes(h.throughMAC)))
                 f.append(Field(RequestTag.exportTag, .bytes(h.tag)))
             }
+            if let pid = r.claimedPID { f.append(.number(RequestTag.claimedPID, UInt64(UInt32(bitPattern: pid)))) }
             return PayloadEncoder.encode(type: MessageType.request, fields: f)
         }
     }
@@ -392,6 +404,10 @@ extension ClientMessage {
             r.afterSeq = try fs.number(RequestTag.afterSeq).map { Int64(bitPattern: $0) }
             r.follow = try fs.flag(RequestTag.follow)
             r.withRows = try fs.flag(RequestTag.withRows)
+            if let pid = try fs.number(RequestTag.claimedPID) {
+                guard pid > 0, pid <= UInt64(Int32.max) else { throw .malformed("claimed pid out of range") }
+                r.claimedPID = Int32(pid)
+            }
             if r.withRows && (op != .audit || r.follow || r.since != nil || r.afterSeq != nil || r.item != nil) {
                 throw .malformed("rows are for an audit export only, of the whole chain")
             }
@@ -482,7 +498,7 @@ extension BrokerMessage {
             text(ItemTag.id, i.id); text(ItemTag.service, i.service); text(ItemTag.account, i.account)
             text(ItemTag.label, i.label); number(ItemTag.kind, UInt64(i.kind.rawValue)); text(ItemTag.policy, i.policy)
             number(ItemTag.reuse, UInt64(i.reuseSeconds)); number(ItemTag.created, UInt64(bitPattern: i.createdAt))
-            number(ItemTag.updated, UInt64(bitPattern: i.updatedAt))
+            number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)); number(ItemTag.generation, i.generation)
             for exe in i.allowedExecutables { text(ItemTag.allowExe, exe) }
             if buffer.count - 2 + 5 + entry.count > budget && buffer.count > 2 {
                 flush()
@@ -527,7 +543,7 @@ extension BrokerMessage {
             .text(ItemTag.id, i.id), .text(ItemTag.service, i.service), .text(ItemTag.account, i.account),
             .text(ItemTag.label, i.label), .number(ItemTag.kind, UInt64(i.kind.rawValue)), .text(ItemTag.policy, i.policy),
             .number(ItemTag.reuse, UInt64(i.reuseSeconds)), .number(ItemTag.created, UInt64(bitPattern: i.createdAt)),
-            .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)),
+            .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)), .number(ItemTag.generation, i.generation),
         ]
         for exe in i.allowedExecutables { f.append(.text(ItemTag.allowExe, exe)) }
         return f
@@ -604,7 +620,8 @@ extension BrokerMessage {
                     account: try e.requiredText(ItemTag.account), label: try e.requiredText(ItemTag.label), kind: kind,
                     policy: try e.requiredText(ItemTag.policy), allowedExecutables: try e.texts(ItemTag.allowExe),
                     reuseSeconds: UInt32(reuse), createdAt: Int64(bitPattern: try e.number(ItemTag.created) ?? 0),
-                    updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0)))
+                    updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0),
+                    generation: try e.number(ItemTag.generation) ?? 0))
             }
             return .items(items)
         case MessageType.audit:

@@ -151,6 +151,7 @@ let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
 report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
 measureCLI("1,000")
+reportThroughput(socketPath: socketPath, items: stored)
 
 if maxItems >= 10_000 {
     fill(to: 10_000)
@@ -214,4 +215,5 @@ if auditEntries > 0 {
     report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
     store.close()
 }
+measureTPMCost(bin: bin)  // issue 13: what the TPM key protector adds (TPMCost.swift)
 print(String(repeating: "-", count: 100))

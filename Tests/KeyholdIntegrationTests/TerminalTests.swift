@@ -87,7 +87,15 @@ import KeyholdTestSupport
         tmux.keys("C-c")
         #expect(tmux.waitFor("status=5"), "\(tmux.screen)")
         #expect(tmux.waitFor("ECHO-ON"), "\(tmux.screen)")
-        #expect(b.cli(["audit", "--json", "--item", "c/x"]).stdoutText.contains("user-canceled"))
+        // keyhold exits at Ctrl-C without waiting for the broker, which audits the canceled
+        // conversation when it sees the client gone: wait for that entry (bounded).
+        var audit = ""
+        for _ in 0..<100 {
+            audit = b.cli(["audit", "--json", "--item", "c/x"]).stdoutText
+            if audit.contains("user-canceled") { break }
+            usleep(100_000)
+        }
+        #expect(audit.contains("user-canceled"), "\(audit)")
     }
 
     /// Writes an executable shell script into the fixture's directory.

@@ -24,4 +24,23 @@ int ckh_set_parent_death_kill(void);
 int ckh_connect_unix(int fd, const char *path);
 int ckh_bind_unix(int fd, const char *path);
 long ckh_sendto_unix(int fd, const void *buf, unsigned long len, int flags, const char *path);
+/* recvmsg of up to len bytes with the sender's SCM_CREDENTIALS (pid -1 when none came with
+   them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno. */
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t *uid, uint32_t *gid);
+/* SO_PASSCRED on: every message carries its sender's credentials (inherited by accepted sockets). */
+int ckh_set_passcred(int fd);
+/* A pidfd for the socket's peer (SO_PEERPIDFD), -1 where the kernel has none. */
+int ckh_peer_pidfd(int fd);
+/* pidfd_open(pid, 0). */
+int ckh_pidfd_open(int32_t pid);
+/* 1 while the process of a pidfd is alive, 0 once it has exited (or on error). */
+int ckh_pidfd_alive(int pidfd);
+/* poll of one descriptor: revents, 0 on timeout, -1 with errno (EINTR retried). */
+int ckh_poll1(int fd, int events, int timeout_ms);
+/* The inode of the other end of a connected Unix socket, from sock_diag. 0, or -1 with errno. */
+int ckh_unix_peer_inode(int fd, uint64_t *peer);
+/* Processes holding socket `inode` (from /proc/PID/fd): how many (pids stores the first max), -1 on error. */
+int ckh_socket_holders(uint64_t inode, int32_t *pids, int max);
+/* Raise RLIMIT_NOFILE's soft limit to want (capped by the hard limit). */
+int ckh_raise_nofile(uint64_t want);
 #endif

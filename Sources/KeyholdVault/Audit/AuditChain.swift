@@ -71,7 +71,11 @@ extension VaultStore {
         return e.bytes
     }
 
-    func writeHead(seq: Int64, mac: [UInt8]) throws(DatabaseError) {
+    /// Moves the audit head and re-tags the generation record with it (see
+    /// VaultStore+Generation): `generationDigest` is the digest an item change is committing.
+    func writeHead(seq: Int64, mac: [UInt8], generationDigest: [UInt8]? = nil) throws(DatabaseError) {
+        // Decided before the head moves: the record is verified against the current head.
+        let digest = try digestForNewHead(generationDigest)
         try db.withStatement("""
             INSERT INTO audit_head (id, seq, mac, head_tag) VALUES (1, ?1, ?2, ?3)
             ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, mac = excluded.mac, head_tag = excluded.head_tag
@@ -81,6 +85,7 @@ extension VaultStore {
             try s.bind(3, blob: headTag(seq: seq, mac: mac))
             try s.step()
         }
+        if let digest { try writeGenerationHead(digest: digest, auditSeq: seq, auditMAC: mac) }
     }
 
     struct Head { var seq: Int64; var mac: [UInt8]; var tag: [UInt8] }
@@ -99,7 +104,7 @@ extension VaultStore {
 
     /// Writes one entry and moves the head, inside the caller's transaction. Any failure is
     /// `.auditWriteFailed`, which makes the caller's transaction roll back.
-    func writeAudit(_ r: AuditRecord) throws(StoreError) {
+    func writeAudit(_ r: AuditRecord, generationDigest: [UInt8]? = nil) throws(StoreError) {
         do {
             // Continue from the head; if the head row was removed, from the newest row, so the
             // log keeps growing and `verifyAudit` reports the damage.
@@ -145,7 +150,7 @@ extension VaultStore {
                 try s.bind(13, blob: mac)
                 try s.step()
             }
-            try writeHead(seq: seq, mac: mac)
+            try writeHead(seq: seq, mac: mac, generationDigest: generationDigest)
         } catch {
             throw .auditWriteFailed
         }

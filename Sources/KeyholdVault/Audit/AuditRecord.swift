@@ -9,6 +9,17 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case auditPrune = "audit-prune"
     /// A request the broker could not parse or did not know.
     case invalid
+    /// Requests of one uid refused without an entry each (over its audit budget or its
+    /// connection cap), counted in one entry: `reason` holds `count=N`.
+    case refusedBurst = "refused-burst"
+    /// The broker started with a non-default key protector (the reason names it).
+    case brokerStart = "broker-start"
+    /// `keyholdd --migrate-key-protector` converted the vault key (the reason names both).
+    case keyProtectorMigrate = "key-protector-migrate"
+    /// `keyhold status`: how the vault is protected.
+    case status
+    /// `keyholdd --accept-rollback`: an administrator chose to serve a vault behind its anchor.
+    case acceptRollback = "accept-rollback"
 }
 
 /// How the broker decided.

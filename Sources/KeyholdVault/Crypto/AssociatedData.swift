@@ -4,8 +4,9 @@ import KeyholdCore
 /// `none`, a row moved to another owner, a key swapped between items) makes every box of the
 /// item fail to open, so the store reports an integrity failure instead of a secret.
 public struct AssociatedData: Sendable, Equatable {
-    /// Bumped when the encoding or the set of fields changes.
-    public static let formatVersion: UInt32 = 1
+    /// Bumped when the encoding or the set of fields changes. 2 adds the generation; a row of
+    /// generation 0 was sealed before generations existed and keeps the version 1 encoding.
+    public static let formatVersion: UInt32 = 2
 
     public var itemID: ItemID
     public var owner: UInt32
@@ -15,7 +16,9 @@ public struct AssociatedData: Sendable, Equatable {
     public var access: AccessControl
     public var biometryState: [UInt8]?
     public var passwordHashing: PasswordHashParameters?
-    public var formatVersion: UInt32 = AssociatedData.formatVersion
+    /// Grows on every change of the item's secret or policy; an older row of the same item
+    /// carries an older generation, which the store refuses.
+    public var generation: UInt64 = 0
 
     /// Which box of an item the bytes authenticate. Part of the encoding, so a box cannot be
     /// moved into another slot of the same item.
@@ -37,7 +40,12 @@ public struct AssociatedData: Sendable, Equatable {
     /// already checked is canonical, which saves re-printing the policy for every row it lists.
     func encoded(for role: Role, policyText: String) -> [UInt8] {
         var e = CanonicalEncoder(domain: "keyhold item v1")
-        e.append(formatVersion)
+        if generation == 0 {
+            e.append(UInt32(1))
+        } else {
+            e.append(Self.formatVersion)
+            e.append(generation)
+        }
         e.append(role.rawValue)
         e.append(bytes: itemID.bytes)
         e.append(owner)

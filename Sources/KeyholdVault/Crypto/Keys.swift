@@ -58,7 +58,7 @@ public struct VaultKey: Sendable {
 
     /// Subkey ids. Stable forever: changing one makes every vault unreadable.
     enum Purpose: UInt64 {
-        case wrapping = 1, attributes = 2, blindIndex = 3, audit = 4, keyCheck = 5
+        case wrapping = 1, attributes = 2, blindIndex = 3, audit = 4, keyCheck = 5, generations = 6
     }
 
     /// libsodium requires exactly 8 context bytes.
@@ -87,6 +87,8 @@ public struct VaultKey: Sendable {
     /// A MAC key whose only use is a check value in the database, so a vault opened with a
     /// different key file fails with a clear error instead of "every item is damaged".
     var keyCheckKey: MACKey { MACKey(keyBytes: derive(.keyCheck)) }
+    /// Authenticates the record of each item's current generation (`item_generation`).
+    var generationKey: MACKey { MACKey(keyBytes: derive(.generations)) }
 
     /// Raw bytes, for writing the key file only.
     func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R { keyBytes.bytes.withUnsafeBytes(body) }

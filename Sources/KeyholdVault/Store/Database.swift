@@ -112,8 +112,11 @@ public final class Database {
     /// BEGIN IMMEDIATE … COMMIT; ROLLBACK when `body` throws or the commit fails. Failures of
     /// BEGIN and COMMIT go through `mapError` / `commitError`, so the caller decides what they
     /// mean (a failed COMMIT of an audited change is a failed audit write).
+    /// Inside an open transaction (the broker's group commit) this is a SAVEPOINT instead: a
+    /// failing body undoes only its own writes, and durability comes from the outer COMMIT.
     public func transaction<R, E: Error>(mapError: (DatabaseError) -> E, commitError: ((DatabaseError) -> E)? = nil,
                                          _ body: () throws(E) -> R) throws(E) -> R {
+        if isInTransaction { return try savepoint(mapError: mapError, body) }
         do { try execute("BEGIN IMMEDIATE") } catch { throw mapError(error) }
         let result: R
         do {
@@ -126,11 +129,43 @@ public final class Database {
             try execute("COMMIT")
         } catch {
             // A failed COMMIT may leave the transaction open (SQLITE_BUSY) or already rolled back.
-            if let h = handle, sqlite3_get_autocommit(h) == 0 { try? execute("ROLLBACK") }
+            if isInTransaction { try? execute("ROLLBACK") }
             if let commitError { throw commitError(error) }
             throw mapError(error)
         }
         return result
+    }
+
+    /// True between BEGIN and COMMIT/ROLLBACK.
+    public var isInTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
+
+    private func savepoint<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
+        do { try execute("SAVEPOINT nested") } catch { throw mapError(error) }
+        let result: R
+        do {
+            result = try body()
+        } catch {
+            try? execute("ROLLBACK TO nested")
+            try? execute("RELEASE nested")
+            throw error
+        }
+        do { try execute("RELEASE nested") } catch { throw mapError(error) }
+        return result
+    }
+
+    /// One outer transaction whose COMMIT (one fsync) makes every write `body` made durable.
+    /// `body` runs its parts as nested transactions. Returns whether the COMMIT succeeded;
+    /// when it did not, everything was rolled back.
+    public func groupTransaction(_ body: () -> Void) -> Bool {
+        do { try execute("BEGIN IMMEDIATE") } catch { return false }
+        body()
+        do {
+            try execute("COMMIT")
+            return true
+        } catch {
+            if isInTransaction { try? execute("ROLLBACK") }
+            return false
+        }
     }
 
     public func transaction<R>(_ body: () throws(DatabaseError) -> R) throws(DatabaseError) -> R {

@@ -34,6 +34,10 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case auditWriteFailed
     /// The store was closed.
     case closed
+    /// The item's generation changed since the caller read it (another change came first).
+    case conflict
+    /// The key protector (the TPM) could not give the vault key.
+    case keyProtector(KeyProtectorFailure)
 
     /// What a caller sees.
     public var outcome: Outcome {
@@ -48,6 +52,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .appPasswordRequired, .appPasswordWrong: .authenticationFailed
         case .tooLarge, .invalidItem: .usage
         case .auditWriteFailed: .auditUnavailable
+        case .conflict: .conflict
+        case .keyProtector(let f): f.outcome
         }
     }
 
@@ -67,6 +73,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .invalidItem: "the item is not valid as given"
         case .auditWriteFailed: "the audit log could not be written; nothing was changed or released"
         case .closed: "the store is closed"
+        case .conflict: "the item changed since it was read; nothing was changed"
+        case .keyProtector(let f): f.description
         }
     }
 

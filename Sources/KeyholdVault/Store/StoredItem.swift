@@ -16,10 +16,14 @@ public struct StoredItem: Sendable, Equatable {
     public let updatedAt: Int64
     /// Argon2id parameters when the policy includes `+app-password`.
     public let passwordHashing: PasswordHashParameters?
+    /// Grows on every change of the secret or policy (1 when added; 0 for an item stored
+    /// before generations existed). A change based on an older read is `.conflict`.
+    public let generation: UInt64
 
     var associatedData: AssociatedData {
         AssociatedData(itemID: id, owner: owner, service: service, account: account, kind: kind,
-                       access: access, biometryState: biometryState, passwordHashing: passwordHashing)
+                       access: access, biometryState: biometryState, passwordHashing: passwordHashing,
+                       generation: generation)
     }
 }
 

@@ -13,6 +13,9 @@ public final class VaultStore {
     let attributeKey: AttributeKey
     let blindIndexKey: BlindIndexKey
     let auditKey: AuditKey
+    let generationKey: MACKey
+    /// The verified record of each item's current generation (VaultStore+Generation).
+    var generationState: GenerationState = .unknown
     let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
     /// Parsed policy texts and executable lists, so listing many items parses each distinct
@@ -30,6 +33,7 @@ public final class VaultStore {
         self.attributeKey = key.attributeKey
         self.blindIndexKey = key.blindIndexKey
         self.auditKey = key.auditKey
+        self.generationKey = key.generationKey
         self.stateDirectory = stateDirectory
         self.passwordHashing = passwordHashing
     }
@@ -44,10 +48,12 @@ public final class VaultStore {
     ///
     /// - Parameter passwordHashing: Argon2id limits for new app-password items. Keep the default;
     ///   `.interactive` exists for tests.
-    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate) throws(StoreError) -> VaultStore {
+    /// - Parameter keyProtector: how the vault key is kept at rest (`vault.key` by default).
+    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate,
+                            keyProtector: any VaultKeyProtector = FileKeyProtector()) throws(StoreError) -> VaultStore {
         Sodium.ready()
         try StateDirectory.prepare(stateDirectory)
-        let keyPath = stateDirectory + "/" + StateDirectory.keyFileName
+        let keyPath = stateDirectory + "/" + keyProtector.kind.fileName
         let dbPath = stateDirectory + "/" + StateDirectory.databaseFileName
 
         // Identify an existing database before touching the key file or writing anything.
@@ -65,17 +71,23 @@ public final class VaultStore {
 
         let key: VaultKey
         if try StateDirectory.exists(keyPath) {
-            key = try StateDirectory.readKey(keyPath)
+            key = try keyProtector.load(path: keyPath)
         } else {
             // A vault without its key cannot be recovered by making a new one.
             guard existingVersion == 0 else { throw .keyFileInvalid }
-            key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            if keyProtector.kind == .file {
+                key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            } else {
+                key = VaultKey.generate()
+                try KeyFiles.replace(keyPath, with: try keyProtector.protect(key), directory: stateDirectory)
+            }
         }
 
         let store = VaultStore(db: db, key: key, stateDirectory: stateDirectory, passwordHashing: passwordHashing)
         try store.configure()
         try store.migrate(from: existingVersion)
         try store.checkOrRecordKey(key)
+        if existingVersion < 2 { try store.initialiseGenerationHead() }
         return store
     }
 
@@ -165,7 +177,7 @@ public final class VaultStore {
 
     // MARK: Items
 
-    static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us"
+    static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us, generation"
 
     /// The columns of an item row, as read (possibly altered on disk).
     struct ItemRow {
@@ -181,11 +193,13 @@ public final class VaultStore {
         var attributes: [UInt8]
         var createdAt: Int64
         var updatedAt: Int64
+        var generation: Int64
 
         init(_ s: Statement) {
             id = s.blob(0); owner = s.int64(1); lookup = s.blob(2); kind = s.int64(3); policy = s.text(4)
             allowedExecutables = s.blob(5); reuseSeconds = s.int64(6); biometryState = s.optionalBlob(7)
             passwordHashing = s.optionalBlob(8); attributes = s.blob(9); createdAt = s.int64(10); updatedAt = s.int64(11)
+            generation = s.int64(12)
         }
     }
 
@@ -193,7 +207,9 @@ public final class VaultStore {
     /// `checkLookup`: a lookup by name must also prove the row's lookup column is the blind
     /// index of its names (else a swapped lookup would answer for another item); a listing
     /// shows each row under its own authenticated names and can skip that hash.
-    func decode(_ row: ItemRow, checkLookup: Bool = true) throws(StoreError) -> StoredItem {
+    /// `generations`: the verified record; a row older (or newer) than the item's current
+    /// generation, or of an item the record does not know, is `.integrity`.
+    func decode(_ row: ItemRow, generations: GenerationRecord, checkLookup: Bool = true) throws(StoreError) -> StoredItem {
         guard let id = ItemID(bytes: row.id),
               let owner = UInt32(exactly: row.owner),
               let kindRaw = UInt8(exactly: row.kind), let kind = ItemKind(rawValue: kindRaw),
@@ -208,9 +224,11 @@ public final class VaultStore {
             passwordHashing = p
         }
         guard policy.requiresAppPassword == (passwordHashing != nil) else { throw .integrity }
+        try checkGeneration(id, row.generation, in: generations)
+        let generation = UInt64(row.generation)
         let access = AccessControl(policy: policy, allowedExecutables: executables, reuseSeconds: reuse)
         var ad = AssociatedData(itemID: id, owner: owner, service: "", account: "", kind: kind, access: access,
-                                biometryState: row.biometryState, passwordHashing: passwordHashing)
+                                biometryState: row.biometryState, passwordHashing: passwordHashing, generation: generation)
         let names: [UInt8]
         do {
             names = try SealedBox(combined: row.attributes).openAttributes(using: attributeKey, authenticating: ad.encoded(for: .attributes, policyText: row.policy))
@@ -229,7 +247,7 @@ public final class VaultStore {
         ad.account = account
         return StoredItem(id: id, owner: owner, service: service, account: account, label: label, kind: kind,
                           access: access, biometryState: row.biometryState, createdAt: row.createdAt,
-                          updatedAt: row.updatedAt, passwordHashing: passwordHashing)
+                          updatedAt: row.updatedAt, passwordHashing: passwordHashing, generation: generation)
     }
 
     private func cachedPolicy(_ text: String) -> Policy? {
@@ -281,7 +299,7 @@ public final class VaultStore {
             }
         } catch { throw StoreError.from(error) }
         guard let row else { return nil }
-        let item = try decode(row)
+        let item = try decode(row, generations: try verifiedGenerations())
         guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
         return item
     }
@@ -315,6 +333,11 @@ public final class VaultStore {
         var damaged = 0
         var last: Int64?
         var rows = 0
+        // A record that does not verify vouches for no row: each counts as damaged.
+        var generations: GenerationRecord?
+        do { generations = try verifiedGenerations() } catch {
+            guard error == .integrity else { throw error }
+        }
         do {
             try db.withStatement("""
                 SELECT \(Self.itemColumns), rowid FROM items WHERE owner_uid = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3
@@ -324,8 +347,9 @@ public final class VaultStore {
                 try s.bind(3, Int64(max(limit, 1)))
                 while try s.step() {
                     rows += 1
-                    last = s.int64(12)
-                    if let item = try? decode(ItemRow(s), checkLookup: false), item.owner == owner { items.append(item) } else { damaged += 1 }
+                    last = s.int64(13)
+                    if let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
+                       item.owner == owner { items.append(item) } else { damaged += 1 }
                 }
             }
         } catch { throw StoreError.from(error) }
@@ -365,11 +389,12 @@ public final class VaultStore {
         var passwordHashing: PasswordHashParameters?
     }
 
-    private func seal(id: ItemID, owner: UInt32, _ item: NewItem, secret: SecureBytes,
+    private func seal(id: ItemID, owner: UInt32, generation: UInt64, _ item: NewItem, secret: SecureBytes,
                       appPassword: SecureBytes?) throws(StoreError) -> SealedColumns {
         let params = item.access.policy.requiresAppPassword ? PasswordHashParameters.generate(passwordHashing) : nil
         let ad = AssociatedData(itemID: id, owner: owner, service: item.service, account: item.account, kind: item.kind,
-                                access: item.access, biometryState: item.biometryState, passwordHashing: params)
+                                access: item.access, biometryState: item.biometryState, passwordHashing: params,
+                                generation: generation)
         var names = CanonicalEncoder(domain: "attributes")
         names.append(item.service)
         names.append(item.account)
@@ -396,37 +421,66 @@ public final class VaultStore {
         }
     }
 
-    /// Adds an item of `owner`; `.duplicate` if one with the same names exists. `audit` is
-    /// written in the same transaction; its item id is filled in when nil.
+    /// Adds an item of `owner` at generation 1; `.duplicate` if one with the same names
+    /// exists. `audit` is written in the same transaction; its item id is filled in when nil.
     @discardableResult
     public func add(owner: UInt32, _ item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                     audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
         try checkAuditSize(audit)
+        let record = try verifiedGenerations()
         let id = ItemID.random()
+        let generation: UInt64 = 1
         let now = currentMicroseconds()
-        let sealed = try seal(id: id, owner: owner, item, secret: secret, appPassword: appPassword)
+        let sealed = try seal(id: id, owner: owner, generation: generation, item, secret: secret, appPassword: appPassword)
         var audit = audit
         if audit.itemID == nil { audit.itemID = id }
-        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
+        let digest = try changingGenerations { () throws(StoreError) -> [UInt8] in
             do throws(DatabaseError) {
                 try db.withStatement("""
                     INSERT INTO items (id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds,
-                        biometry_state, pwhash_params, attributes, wrapped_key, secret, created_us, updated_us)
-                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)
+                        biometry_state, pwhash_params, attributes, wrapped_key, secret, created_us, updated_us, generation)
+                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14)
                     """) { (s) throws(DatabaseError) in
                     try bindItem(s, id: id, owner: owner, item, sealed)
                     try s.bind(13, now)
+                    try s.bind(14, Int64(generation))
                     try s.step()
                 }
             } catch {
                 throw error.isUniqueViolation ? .duplicate : StoreError.from(error)
             }
-            try writeAudit(audit)
+            let digest = try mapped { () throws(DatabaseError) in
+                try setGeneration(id, from: record.generations[id], to: generation, digest: record.digest)
+            }
+            try writeAudit(audit, generationDigest: digest)
+            return digest
         }
+        commitGeneration(id, generation, digest: digest, record: record)
         return StoredItem(id: id, owner: owner, service: item.service, account: item.account, label: item.label,
                           kind: item.kind, access: item.access, biometryState: item.biometryState, createdAt: now,
-                          updatedAt: now, passwordHashing: sealed.passwordHashing)
+                          updatedAt: now, passwordHashing: sealed.passwordHashing, generation: generation)
+    }
+
+    /// A store transaction that changes the generation record: on any failure the in-memory
+    /// record is dropped (it is read again), since it may not match what was rolled back.
+    private func changingGenerations<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
+        do {
+            return try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
+        } catch {
+            generationState = .unknown
+            throw error
+        }
+    }
+
+    private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
+        do { return try body() } catch { throw StoreError.from(error) }
+    }
+
+    /// After an UPDATE/DELETE guarded by the generation touched no row: `.conflict` if the
+    /// item is still there (changed since it was read), `.notFound` if it is gone.
+    private func missedChange(_ item: StoredItem) throws(StoreError) -> StoreError {
+        try mapped { () throws(DatabaseError) in try storedGeneration(id: item.id, owner: item.owner) } == nil ? .notFound : .conflict
     }
 
     private func bindItem(_ s: Statement, id: ItemID, owner: UInt32, _ item: NewItem, _ sealed: SealedColumns) throws(DatabaseError) {
@@ -445,97 +499,147 @@ public final class VaultStore {
     }
 
     /// Replaces an item's secret, names and access in place (same id, same creation time),
-    /// under a fresh item key. `.notFound` if it is gone, `.duplicate` if renamed onto another.
+    /// under a fresh item key, at the next generation. `.notFound` if it is gone, `.conflict`
+    /// if it changed since `existing` was read, `.duplicate` if renamed onto another.
     @discardableResult
     public func replace(_ existing: StoredItem, with item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
                         audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
         try checkAuditSize(audit)
+        let record = try verifiedGenerations()
+        guard record.generations[existing.id] == existing.generation else {
+            throw record.generations[existing.id] == nil ? .notFound : .conflict
+        }
+        let generation = existing.generation + 1
         let now = currentMicroseconds()
-        let sealed = try seal(id: existing.id, owner: existing.owner, item, secret: secret, appPassword: appPassword)
+        let sealed = try seal(id: existing.id, owner: existing.owner, generation: generation, item, secret: secret,
+                              appPassword: appPassword)
         var audit = audit
         if audit.itemID == nil { audit.itemID = existing.id }
-        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
+        let digest = try changingGenerations { () throws(StoreError) -> [UInt8] in
             let changed: Int
             do throws(DatabaseError) {
                 changed = try db.withStatement("""
                     UPDATE items SET lookup = ?3, kind = ?4, policy = ?5, allowed_executables = ?6, reuse_seconds = ?7,
                         biometry_state = ?8, pwhash_params = ?9, attributes = ?10, wrapped_key = ?11, secret = ?12,
-                        updated_us = ?13
-                    WHERE id = ?1 AND owner_uid = ?2
+                        updated_us = ?13, generation = ?14
+                    WHERE id = ?1 AND owner_uid = ?2 AND generation = ?15
                     """) { (s) throws(DatabaseError) in
                     try bindItem(s, id: existing.id, owner: existing.owner, item, sealed)
                     try s.bind(13, now)
+                    try s.bind(14, Int64(generation))
+                    try s.bind(15, Int64(existing.generation))
                     try s.step()
                     return db.changes
                 }
             } catch {
                 throw error.isUniqueViolation ? .duplicate : StoreError.from(error)
             }
-            guard changed == 1 else { throw StoreError.notFound }
-            try writeAudit(audit)
+            guard changed == 1 else { throw try missedChange(existing) }
+            let digest = try mapped { () throws(DatabaseError) in
+                try setGeneration(existing.id, from: existing.generation, to: generation, digest: record.digest)
+            }
+            try writeAudit(audit, generationDigest: digest)
+            return digest
         }
+        commitGeneration(existing.id, generation, digest: digest, record: record)
         return StoredItem(id: existing.id, owner: existing.owner, service: item.service, account: item.account,
                           label: item.label, kind: item.kind, access: item.access, biometryState: item.biometryState,
-                          createdAt: existing.createdAt, updatedAt: now, passwordHashing: sealed.passwordHashing)
+                          createdAt: existing.createdAt, updatedAt: now, passwordHashing: sealed.passwordHashing,
+                          generation: generation)
     }
 
-    /// Deletes an item (secure_delete overwrites its pages). `.notFound` if it is gone.
+    /// Deletes an item (secure_delete overwrites its pages) and its generation, so its row
+    /// cannot be put back. `.notFound` if it is gone, `.conflict` if it changed since read.
     public func delete(_ item: StoredItem, audit: AuditRecord) throws(StoreError) {
         try checkAuditSize(audit)
+        let record = try verifiedGenerations()
         var audit = audit
         if audit.itemID == nil { audit.itemID = item.id }
-        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
+        let digest = try changingGenerations { () throws(StoreError) -> [UInt8] in
             let changed: Int
             do throws(DatabaseError) {
-                changed = try db.withStatement("DELETE FROM items WHERE id = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
+                changed = try db.withStatement("DELETE FROM items WHERE id = ?1 AND owner_uid = ?2 AND generation = ?3") { (s) throws(DatabaseError) in
                     try s.bind(1, blob: item.id.bytes)
                     try s.bind(2, Int64(item.owner))
+                    try s.bind(3, Int64(item.generation))
                     try s.step()
                     return db.changes
                 }
             } catch { throw StoreError.from(error) }
-            guard changed == 1 else { throw StoreError.notFound }
-            try writeAudit(audit)
+            guard changed == 1 else { throw try missedChange(item) }
+            let digest = try mapped { () throws(DatabaseError) in
+                try setGeneration(item.id, from: record.generations[item.id], to: nil, digest: record.digest)
+            }
+            try writeAudit(audit, generationDigest: digest)
+            return digest
         }
+        commitGeneration(item.id, nil, digest: digest, record: record)
     }
 
     /// Removes the row the caller's blind index points to when that row no longer opens (its
-    /// boxes were altered), so a damaged item can be cleared and stored again. Only a row whose
-    /// lookup and owner both match the caller is touched; `.notFound` otherwise. Like `delete`,
-    /// it needs no secret: the owner may always remove its own items.
+    /// boxes were altered, or it is an older copy), so a damaged item can be cleared and stored
+    /// again. Only a row whose lookup and owner both match the caller is touched; `.notFound`
+    /// otherwise. The broker asks for the owner's password first (issue 8, item 5). When the
+    /// generation record itself does not verify, the row goes and the record stays unverified.
     public func deleteDamaged(owner: UInt32, service: String, account: String, audit: AuditRecord) throws(StoreError) {
         try checkAuditSize(audit)
         let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }) { () throws(StoreError) in
-            let changed: Int
+        var record: GenerationRecord?
+        do { record = try verifiedGenerations() } catch {
+            guard error == .integrity else { throw error }
+        }
+        var removedID: ItemID?
+        let digest = try changingGenerations { () throws(StoreError) -> [UInt8]? in
+            var audit = audit
+            let raw: [UInt8]?
             do throws(DatabaseError) {
-                changed = try db.withStatement("DELETE FROM items WHERE lookup = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
+                raw = try db.withStatement("SELECT id FROM items WHERE lookup = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
                     try s.bind(1, blob: lookup.bytes)
                     try s.bind(2, Int64(owner))
-                    try s.step()
-                    return db.changes
+                    return try s.step() ? s.blob(0) : nil
+                }
+                if raw != nil {
+                    try db.withStatement("DELETE FROM items WHERE lookup = ?1 AND owner_uid = ?2") { (s) throws(DatabaseError) in
+                        try s.bind(1, blob: lookup.bytes)
+                        try s.bind(2, Int64(owner))
+                        try s.step()
+                    }
                 }
             } catch { throw StoreError.from(error) }
-            guard changed == 1 else { throw StoreError.notFound }
-            try writeAudit(audit)
+            guard let raw else { throw StoreError.notFound }
+            removedID = ItemID(bytes: raw)
+            var digest: [UInt8]?
+            if let id = removedID {
+                if audit.itemID == nil { audit.itemID = id }
+                // The id is the row's own (possibly altered) one: only an entry the record
+                // vouches for is removed from it.
+                if let record, let current = record.generations[id] {
+                    digest = try mapped { () throws(DatabaseError) in
+                        try setGeneration(id, from: current, to: nil, digest: record.digest)
+                    }
+                }
+            }
+            try writeAudit(audit, generationDigest: digest)
+            return digest
         }
+        if let record, let id = removedID, let digest { commitGeneration(id, nil, digest: digest, record: record) }
     }
 
     /// Opens the item's secret into guarded memory. The row is read again, so a deleted item
     /// is `.notFound` and a replaced one opens its current secret. `.integrity` if any box
-    /// fails under the vault key; `.appPasswordRequired` / `.appPasswordWrong` for
-    /// app-password items.
+    /// fails under the vault key or the row is not the item's current generation;
+    /// `.appPasswordRequired` / `.appPasswordWrong` for app-password items.
     public func openSecret(_ item: StoredItem, appPassword: SecureBytes? = nil) throws(StoreError) -> SecureBytes {
         let fetched: (ItemRow, [UInt8], [UInt8])?
         do {
             fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
                 try s.bind(1, blob: item.id.bytes)
-                return try s.step() ? (ItemRow(s), s.blob(12), s.blob(13)) : nil
+                return try s.step() ? (ItemRow(s), s.blob(13), s.blob(14)) : nil
             }
         } catch { throw StoreError.from(error) }
         guard let (row, wrappedRaw, secretRaw) = fetched else { throw .notFound }
-        let current = try decode(row)
+        let current = try decode(row, generations: try verifiedGenerations())
         guard current.owner == item.owner, current.service == item.service, current.account == item.account else {
             throw .integrity
         }

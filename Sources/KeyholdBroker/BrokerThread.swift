@@ -1,0 +1,33 @@
+import Glibc
+
+/// A detached POSIX thread running one closure: the broker's connection, signal and flusher
+/// threads, without Foundation's `Thread` (no run loop, no autorelease pool, a fixed small stack).
+enum BrokerThread {
+    private final class Body {
+        let run: () -> Void
+        init(_ run: @escaping () -> Void) { self.run = run }
+    }
+
+    /// Starts `body` on a new detached thread; false when the thread could not be created
+    /// (the caller then refuses the work instead of running it inline).
+    @discardableResult
+    static func start(stackBytes: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
+        var attr = pthread_attr_t()
+        pthread_attr_init(&attr)
+        defer { pthread_attr_destroy(&attr) }
+        pthread_attr_setstacksize(&attr, stackBytes)
+        pthread_attr_setdetachstate(&attr, Int32(PTHREAD_CREATE_DETACHED))
+        let box = Unmanaged.passRetained(Body(body))
+        var thread = pthread_t()
+        let rc = pthread_create(&thread, &attr, { raw in
+            let body = Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue()
+            body.run()
+            return nil
+        }, box.toOpaque())
+        if rc != 0 {
+            box.release()
+            return false
+        }
+        return true
+    }
+}

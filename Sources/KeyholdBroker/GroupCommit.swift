@@ -1,0 +1,98 @@
+import Glibc
+import KeyholdVault
+
+/// Audit group commit. Each caller hands its store work (an audit entry, and the change or
+/// release it belongs to) to `run`; whichever caller finds no commit in progress becomes the
+/// leader, runs every queued member's work as a nested transaction inside one outer
+/// transaction, commits once (one fsync for the whole group) and wakes the members. A member
+/// learns its outcome only after the commit that holds its entry: if that commit fails, every
+/// member of the group gets `.auditWriteFailed` and releases nothing.
+///
+/// Members' work must be short and never block (no PAM, no socket I/O): it runs under the
+/// store lock, on the leader's thread.
+final class GroupCommit: @unchecked Sendable {
+    /// One caller's queued work. Fields are guarded by `GroupCommit.mutex`.
+    private final class Member {
+        let work: (VaultStore) -> Bool
+        var finished = false
+        var committed = false
+        init(_ work: @escaping (VaultStore) -> Bool) { self.work = work }
+    }
+
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
+    private let changed: UnsafeMutablePointer<pthread_cond_t>
+    private var queue: [Member] = []
+    private var leading = false
+    /// Members per commit, for the benchmark's and the tests' view of batching.
+    private(set) var commits = 0
+    private(set) var membersCommitted = 0
+
+    /// Members waiting for the next commit (tests use it to build a group of known size).
+    var waiting: Int {
+        pthread_mutex_lock(mutex)
+        defer { pthread_mutex_unlock(mutex) }
+        return queue.count
+    }
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        changed = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+        pthread_cond_init(changed, nil)
+    }
+
+    deinit {
+        pthread_cond_destroy(changed)
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+        changed.deallocate()
+    }
+
+    /// Runs `work` in the next group and returns whether the commit holding it succeeded.
+    /// `work` returns false when its own part failed (its writes are then rolled back alone).
+    /// `withStore` gives the leader the store under its lock.
+    func run(_ work: (VaultStore) -> Bool, withStore: ((VaultStore) -> Void) -> Void) -> Bool {
+        // The caller waits until its member is finished, so the closure never outlives this call.
+        withoutActuallyEscaping(work) { work in
+            let member = Member(work)
+            pthread_mutex_lock(mutex)
+            queue.append(member)
+            while !member.finished {
+                if !leading {
+                    lead(withStore)
+                } else {
+                    pthread_cond_wait(changed, mutex)
+                }
+            }
+            let committed = member.committed
+            pthread_mutex_unlock(mutex)
+            return committed
+        }
+    }
+
+    /// Called with the mutex held; returns with it held. Takes everything queued so far.
+    private func lead(_ withStore: ((VaultStore) -> Void) -> Void) {
+        leading = true
+        let group = queue
+        queue.removeAll(keepingCapacity: true)
+        pthread_mutex_unlock(mutex)
+
+        var results = [Bool](repeating: false, count: group.count)
+        var committed = false
+        withStore { store in
+            committed = store.groupTransaction {
+                for (i, member) in group.enumerated() { results[i] = member.work(store) }
+            }
+        }
+
+        pthread_mutex_lock(mutex)
+        for (i, member) in group.enumerated() {
+            member.committed = committed && results[i]
+            member.finished = true
+        }
+        commits += 1
+        membersCommitted += group.count
+        leading = false
+        pthread_cond_broadcast(changed)
+    }
+}

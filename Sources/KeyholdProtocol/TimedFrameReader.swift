@@ -1,0 +1,76 @@
+import Glibc
+import CKeyholdOS
+import KeyholdCore
+
+/// Who sent some bytes of a frame, as the kernel attached it to them (`SCM_CREDENTIALS`,
+/// taken at the time of each `send`). pid -1: the bytes came without credentials.
+public struct FrameSender: Sendable, Equatable {
+    public let pid: Int32
+    public let uid: UInt32
+    public let gid: UInt32
+}
+
+/// The broker's reader of client frames: a deadline for the whole frame (not per `read`), and
+/// the sender of every chunk. A client that trickles bytes or sits idle loses its connection
+/// when the deadline passes (`FrameError.io(ETIMEDOUT)`).
+public struct TimedFrameReader {
+    public let fd: Int32
+    /// Distinct senders of the bytes of the last frame read, in order of arrival.
+    public private(set) var senders: [FrameSender] = []
+
+    public init(fd: Int32) { self.fd = fd }
+
+    /// Reads one frame: its first byte must come within `idleMilliseconds`, the whole frame
+    /// within `frameMilliseconds` of this call. nil on a clean end of stream before any byte.
+    public mutating func read(idleMilliseconds: Int, frameMilliseconds: Int) throws(FrameError) -> SecureBytes? {
+        senders = []
+        let start = Self.nowMilliseconds()
+        var header = [UInt8](repeating: 0, count: 4)
+        var failure: FrameError?
+        let got = header.withUnsafeMutableBytes { buf -> Int in
+            do throws(FrameError) {
+                return try fill(buf, firstByteBy: start + idleMilliseconds, frameBy: start + frameMilliseconds)
+            } catch { failure = error; return 0 }
+        }
+        if let failure { throw failure }
+        if got == 0 { return nil }
+        guard got == 4 else { throw .truncated }
+        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
+        guard length >= 2 else { throw .malformed("frame too short") }
+        guard length <= Frame.maxPayloadBytes else { throw .oversized(length) }
+        let payload = SecureBytes(count: length)
+        let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
+            try fill(buf, firstByteBy: start + frameMilliseconds, frameBy: start + frameMilliseconds)
+        }
+        guard n == length else { throw .truncated }
+        return payload
+    }
+
+    private mutating func fill(_ buf: UnsafeMutableRawBufferPointer, firstByteBy: Int, frameBy: Int) throws(FrameError) -> Int {
+        var done = 0
+        while done < buf.count {
+            let left = (done == 0 ? min(firstByteBy, frameBy) : frameBy) - Self.nowMilliseconds()
+            guard left > 0 else { throw .io(ETIMEDOUT) }
+            let ready = ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left))
+            if ready < 0 { throw .io(errno) }
+            if ready == 0 { throw .io(ETIMEDOUT) }
+            var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0
+            let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), &pid, &uid, &gid)
+            if r == 0 { break }
+            if r < 0 {
+                if errno == EINTR || errno == EAGAIN { continue }
+                throw .io(errno)
+            }
+            let sender = FrameSender(pid: pid, uid: uid, gid: gid)
+            if !senders.contains(sender) { senders.append(sender) }
+            done += r
+        }
+        return done
+    }
+
+    static func nowMilliseconds() -> Int {
+        var t = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &t)
+        return t.tv_sec * 1000 + t.tv_nsec / 1_000_000
+    }
+}

@@ -1,0 +1,72 @@
+import Foundation
+import Glibc
+import KeyholdClient
+import KeyholdCore
+
+/// Concurrent `get` throughput: `clients` threads, each with its own client, doing gets of
+/// random `policy none` items for `seconds`. Every get is a real request through the socket
+/// whose audit entry is committed before the secret is sent (group commit shares the fsync).
+func measureThroughput(socketPath: String, items: Int, clients: Int, seconds: Double) -> (perSecond: Double, p50: Double, p99: Double) {
+    final class Results: @unchecked Sendable {
+        let lock = NSLock()
+        var latencies: [Double] = []
+        var failures = 0
+        var finished = 0
+    }
+    let results = Results()
+    let start = now() + 0.05
+    let end = start + seconds
+    var threads: [Thread] = []
+    for _ in 0..<clients {
+        let t = Thread {
+            let vault = Vault(socketPath: socketPath)
+            var mine: [Double] = []
+            var failed = 0
+            while now() < start { usleep(1_000) }
+            while true {
+                let t0 = now()
+                if t0 >= end { break }
+                do {
+                    let s = try vault.secret(service: "bench.example", account: "user-\(Int.random(in: 0..<items))")
+                    s.wipe()
+                    mine.append(now() - t0)
+                } catch {
+                    failed += 1
+                }
+            }
+            results.lock.lock()
+            results.latencies += mine
+            results.failures += failed
+            results.finished += 1
+            results.lock.unlock()
+        }
+        t.stackSize = 1 << 20
+        threads.append(t)
+    }
+    for t in threads { t.start() }
+    // Threads stop on their own at `end`; wait until every one has reported.
+    while true {
+        results.lock.lock()
+        let finished = results.finished
+        results.lock.unlock()
+        if finished == clients { break }
+        usleep(10_000)
+    }
+    results.lock.lock()
+    defer { results.lock.unlock() }
+    precondition(results.failures == 0, "throughput: \(results.failures) gets failed")
+    return (Double(results.latencies.count) / seconds, percentile(results.latencies, 0.5), percentile(results.latencies, 0.99))
+}
+
+/// The table the README's benchmark section names: gets/s at 1, 4, 16 and 64 clients.
+@MainActor func reportThroughput(socketPath: String, items: Int) {
+    var single = 0.0
+    for clients in [1, 4, 16, 64] {
+        let r = measureThroughput(socketPath: socketPath, items: items, clients: clients, seconds: 3)
+        if clients == 1 { single = r.perSecond }
+        let target = clients == 64 ? "target >= 8x 1 client, p99 < 10 ms" : ""
+        report("get throughput, \(clients) client\(clients == 1 ? "" : "s"): gets/s (x 1 client), p50 / p99",
+               String(format: "%.0f (%.1fx) %@ / %@", r.perSecond, r.perSecond / single, ms(r.p50) as NSString, ms(r.p99) as NSString),
+               target)
+    }
+}

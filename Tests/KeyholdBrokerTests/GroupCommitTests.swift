@@ -1,0 +1,144 @@
+import Foundation
+import Synchronization
+import Testing
+import KeyholdCore
+import KeyholdVault
+import KeyholdTestSupport
+@testable import KeyholdBroker
+
+/// Group commit against a real SQLite vault: members answered only after the commit that holds
+/// their entry, and a commit that fails releases nothing to any member of its group.
+@Suite struct GroupCommitTests {
+    final class Harness: @unchecked Sendable {
+        let directory = TestPaths.temporaryDirectory("kh-group")
+        let store: Mutex<VaultStore>
+        let group = GroupCommit()
+        init() throws {
+            store = Mutex(try VaultStore.open(stateDirectory: directory + "/state", passwordHashing: .interactive))
+        }
+        deinit { try? FileManager.default.removeItem(atPath: directory) }
+
+        func run(_ work: (VaultStore) -> Bool) -> Bool {
+            group.run(work, withStore: { body in store.withLock { body($0) } })
+        }
+        /// Raw SQL beside the store, for faults and for reading back what is on disk.
+        func sql(_ text: String) throws {
+            let db = try Database(path: directory + "/state/vault.db")
+            try db.execute(text)
+            db.close()
+        }
+        func entries(reason marker: String) throws -> Int {
+            try store.withLock { s in try s.auditEntries(visibleTo: nil).filter { $0.reason?.hasPrefix(marker) == true }.count }
+        }
+    }
+
+    static func record(_ reason: String, pid: Int32 = 4242) -> AuditRecord {
+        AuditRecord(callerUID: 1000, callerPID: pid, executable: "/usr/bin/kh-test-client", operation: .get,
+                    service: "s", account: "a", decision: .granted, method: .none, reason: reason, outcome: .ok)
+    }
+
+    /// Runs `count` real threads (not GCD workers, whose pool is too small to block 48 at
+    /// once) and returns when all have finished.
+    static func threads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
+        let done = DispatchSemaphore(value: 0)
+        for i in 0..<count {
+            let t = Thread { body(i); done.signal() }
+            t.stackSize = 1 << 20
+            t.start()
+        }
+        for _ in 0..<count { done.wait() }
+    }
+
+    /// Runs `members` threads at once, each appending one entry; returns whether each was acknowledged.
+    static func burst(_ h: Harness, members: Int, marker: String) -> [Bool] {
+        let acknowledged = Mutex([Bool](repeating: false, count: members))
+        threads(members) { i in
+            let ok = h.run { store in (try? store.append(record("\(marker)-\(i)"))) != nil }
+            acknowledged.withLock { $0[i] = ok }
+        }
+        return acknowledged.withLock { $0 }
+    }
+
+    @Test func concurrentMembersShareCommitsAndAllLand() throws {
+        let h = try Harness()
+        let acks = Self.burst(h, members: 64, marker: "m")
+        #expect(acks.allSatisfy { $0 })
+        #expect(try h.entries(reason: "m-") == 64)
+        #expect(h.group.membersCommitted == 64)
+        #expect(h.group.commits <= 64)
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 64))
+    }
+
+    @Test func aMemberThatFailsRollsBackAloneAndOthersLand() throws {
+        let h = try Harness()
+        let acks = Mutex([Bool](repeating: false, count: 16))
+        Self.threads(16) { i in
+            let ok = h.run { store in
+                do {
+                    try store.memberTransaction { () throws(StoreError) in
+                        try store.append(Self.record("f-\(i)"))
+                        if i % 4 == 0 { throw StoreError.integrity }  // this member's own failure
+                    }
+                    return true
+                } catch { return false }
+            }
+            acks.withLock { $0[i] = ok }
+        }
+        let result = acks.withLock { $0 }
+        for i in 0..<16 { #expect(result[i] == (i % 4 != 0)) }
+        #expect(try h.entries(reason: "f-") == 12)
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 12))
+    }
+
+    /// A fault at COMMIT time (a deferred foreign-key violation, which SQLite checks only
+    /// when the outer transaction commits) in a group of 47: none of the 47 is acknowledged and
+    /// none of their entries is stored; the member committed before it, and those after, land.
+    @Test func aFailedCommitReleasesNothingToAnyMember() throws {
+        let h = try Harness()
+        try h.sql("""
+            CREATE TABLE fault_parent (id INTEGER PRIMARY KEY);
+            CREATE TABLE fault_child (p INTEGER REFERENCES fault_parent(id) DEFERRABLE INITIALLY DEFERRED);
+            CREATE TRIGGER commit_fault AFTER INSERT ON audit WHEN NEW.caller_pid = 666
+            BEGIN INSERT INTO fault_child VALUES (1); END;
+            """)
+        // A first member holds the leader inside its work until 47 others are queued behind
+        // it, so the next commit carries all 47, one of which trips the fault.
+        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0)
+        let first = Mutex(false)
+        let firstDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            let ok = h.run { store in
+                inside.signal()
+                proceed.wait()
+                return (try? store.append(Self.record("first"))) != nil
+            }
+            first.withLock { $0 = ok }
+            firstDone.signal()
+        }
+        inside.wait()
+        let acks = Mutex([Bool](repeating: true, count: 47))
+        let all = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            Self.threads(47) { i in
+                let r = Self.record("c-\(i)", pid: i == 23 ? 666 : 4242)
+                let ok = h.run { store in (try? store.append(r)) != nil }
+                acks.withLock { $0[i] = ok }
+            }
+            all.signal()
+        }
+        let deadline = Date().addingTimeInterval(30)
+        while h.group.waiting < 47 && Date() < deadline { usleep(5_000) }
+        #expect(h.group.waiting == 47)
+        proceed.signal()
+        firstDone.wait()
+        all.wait()
+        #expect(first.withLock { $0 })
+        #expect(acks.withLock { $0 }.allSatisfy { !$0 }, "a member of the failed group was acknowledged")
+        let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
+        #expect(onDisk == ["first"])
+        // The group after the failed one commits normally.
+        try h.sql("DROP TRIGGER commit_fault")
+        #expect(Self.burst(h, members: 8, marker: "after").allSatisfy { $0 })
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
+    }
+}
