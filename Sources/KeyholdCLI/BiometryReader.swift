@@ -180,14 +180,7 @@ final class DBusConnection {
     }
 
     private func send(_ bytes: [UInt8]) -> Bool {
-        var sent = 0
-        while sent < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return false }
-            sent += n
-        }
-        return true
+        bytes.withUnsafeBytes { DescriptorIO.writeAll(fd, $0, socket: true) == 0 }
     }
 
     private func readExactly(_ count: Int) -> [UInt8]? {
