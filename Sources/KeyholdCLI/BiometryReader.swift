@@ -1,7 +1,6 @@
-// fprintd's D-Bus API, for what only fprintd knows: the reader's name (for `keyhold biometry`)
-// and its own list of enrolled fingers. Never used for the domain state digest (the broker
-// reads fprintd's print store instead). It runs in the CLI, as the user, so the root broker
-// keeps no bus client. A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
+// fprintd's D-Bus API, for what only fprintd knows: the reader's name (for `keyhold biometry`).
+// Never used for the domain state digest (the broker reads fprintd's print store instead). It
+// runs in the CLI, as the user, so the root broker keeps no bus client. A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
 // a few method calls, little-endian messages only — so Keyhold needs no D-Bus library.
 // Every failure (no bus, no fprintd, a malformed or oversized reply, a timeout) is nil.
 import Glibc
@@ -28,21 +27,6 @@ public enum BiometryReader {
         var r = DBusReader(reply.body)
         guard let sig = r.signature(), sig == "s" else { return nil }
         return r.string()
-    }
-
-    /// fprintd's own answer to ListEnrolledFingers(user): [] when it has none (its
-    /// NoEnrolledPrints error), nil when it cannot be asked or refuses (polkit).
-    public static func enrolledFingers(user: String, busAddress: String? = nil, timeoutMilliseconds: Int = 2000) -> [String]? {
-        guard !user.isEmpty, user.utf8.count <= 255, !user.utf8.contains(0),
-              let bus = DBusConnection(address: busAddress ?? systemBusAddress(), timeoutMilliseconds: timeoutMilliseconds),
-              let device = bus.defaultDevice() else { return nil }
-        defer { bus.close() }
-        guard let reply = bus.call(destination: fprint, path: device, interface: "net.reactivated.Fprint.Device",
-                                   member: "ListEnrolledFingers", body: .strings([user])) else { return nil }
-        if let e = reply.error { return e == "net.reactivated.Fprint.Error.NoEnrolledPrints" ? [] : nil }
-        guard reply.signature == "as" else { return nil }
-        var r = DBusReader(reply.body)
-        return r.stringArray()
     }
 
     static let fprint = "net.reactivated.Fprint"
@@ -290,15 +274,4 @@ struct DBusReader {
         return String(decoding: b[i..<(i + n)], as: UTF8.self)
     }
 
-    /// `as`: uint32 byte length, then strings.
-    mutating func stringArray() -> [String]? {
-        guard let n = uint32().map(Int.init), n <= end - i else { return nil }
-        let stop = i + n
-        var out: [String] = []
-        while i < stop {
-            guard let s = string(), i <= stop else { return nil }
-            out.append(s)
-        }
-        return out
-    }
 }
