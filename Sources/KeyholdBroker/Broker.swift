@@ -38,10 +38,16 @@ public final class Broker: Sendable {
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
         store.withLock { store in
             let result = body(store)
-            counter?.advance(store)
-            anchor?.advance(store)
+            advanceRollbackGuards(store)
             return result
         }
+    }
+
+    /// After every store call, still under the lock and before any member of a group commit
+    /// is answered: the TPM counter and the anchor file follow the committed head.
+    private func advanceRollbackGuards(_ store: VaultStore) {
+        counter?.advance(store)
+        anchor?.advance(store)
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers

@@ -64,7 +64,11 @@ final class TPMRollbackCounter: Sendable {
         do throws(TPMError) {
             let device = try TPMDevice(tcti: tcti)
             guard let current = try device.readCounter(index: index) else { throw TPMError.unexpectedResponse }
-            try? store.recordRollbackCounter(current + 1)
+            // The vault first: if it cannot record the value, the TPM is not moved ahead of it.
+            do throws(StoreError) { try store.recordRollbackCounter(current + 1) } catch {
+                BrokerMain.fail("the vault could not record the TPM rollback counter (\(error)); stopping before answering",
+                                code: Int32(Outcome.brokerUnavailable.rawValue))
+            }
             let now = try device.incrementCounter(index: index)
             if now != current + 1 { try? store.recordRollbackCounter(now) }
         } catch {

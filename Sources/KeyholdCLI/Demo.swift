@@ -55,7 +55,9 @@ enum Demo {
         let log = open("\(dir)/broker.log", O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
         defer { close(log) }
         guard let pid = Subprocess.spawn(broker, ["--state-dir", "\(dir)/state", "--socket", socket, "--pam-dir", "\(dir)/pam",
-                                                  "--fprint-state-dir", "\(dir)/no-prints"], stderrFD: log) else {
+                                                  "--fprint-state-dir", "\(dir)/no-prints",
+                                                  // A throwaway vault must not take a counter in a real TPM.
+                                                  "--key-protector", "file"], stderrFD: log) else {
             Output.err("cannot start keyholdd")
             return 1
         }

@@ -6,10 +6,11 @@ import KeyholdCore
 ///
 /// - git: service `git:PROTOCOL://HOST[:PORT][/PATH]`, account = username, kind `password`
 ///   (`refresh-token` when git passed an `oauth_refresh_token`). The secret is the password
-///   itself; with a refresh token it is `\0keyhold-git\n` followed by `password=` and
-///   `oauth_refresh_token=` lines (a password from git never holds a NUL or newline, so the
-///   two forms cannot be confused). The expiry is the label `password_expiry_utc=SECONDS`, so
-///   an expired item is skipped without releasing it.
+///   itself; with a refresh token or an expiry it is `\0keyhold-git\n` followed by
+///   `password=`, `password_expiry_utc=` and `oauth_refresh_token=` lines (a password from git
+///   never holds a NUL or newline, so the two forms cannot be confused). The expiry is also the
+///   label `password_expiry_utc=SECONDS`, which a lookup without a username checks before
+///   releasing anything; a lookup by username reads the item directly, without listing the vault.
 /// - docker: service `docker:HOST[:PORT]` (lower case, scheme and path dropped, as docker's
 ///   `ConvertToHostname`), account = Username (`<token>` for identity tokens), kind
 ///   `password`, label = the ServerURL as stored, which `list` reports.
@@ -36,31 +37,36 @@ public enum CredentialMapping {
     }
 
     /// The stored secret for a git credential.
-    public static func gitSecret(password: SecureBytes, refreshToken: SecureBytes?) -> SecureBytes {
-        guard let refreshToken else { return password.withUnsafeBytes { SecureBytes(copying: $0) } }
+    public static func gitSecret(password: SecureBytes, refreshToken: SecureBytes?, expiry: Int64? = nil) -> SecureBytes {
+        guard refreshToken != nil || expiry != nil else { return password.withUnsafeBytes { SecureBytes(copying: $0) } }
         let w = SecureWriter()
         w.append(String(decoding: gitBlobMagic, as: UTF8.self) + "password=")
         w.append(password)
-        w.append("\noauth_refresh_token=")
-        w.append(refreshToken)
         w.append("\n")
+        if let expiry { w.append("password_expiry_utc=\(expiry)\n") }
+        if let refreshToken {
+            w.append("oauth_refresh_token=")
+            w.append(refreshToken)
+            w.append("\n")
+        }
         return w.finish()
     }
 
-    /// Password and refresh token out of a stored secret. A blob that does not parse is
+    /// Password, refresh token and expiry out of a stored secret. A blob that does not parse is
     /// treated as a plain password (and then refused by `reply` if it cannot be sent).
-    public static func gitCredential(fromSecret secret: SecureBytes) -> (password: SecureBytes, refreshToken: SecureBytes?) {
+    public static func gitCredential(fromSecret secret: SecureBytes) -> (password: SecureBytes, refreshToken: SecureBytes?, expiry: Int64?) {
         let isBlob = secret.withUnsafeBytes { $0.starts(with: gitBlobMagic) }
         if isBlob {
             let rest = secret.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[gitBlobMagic.count...])) }
             defer { rest.wipe() }
             if let c = try? GitCredentialProtocol.parse(rest), let p = c.password {
-                let out = (p.withUnsafeBytes { SecureBytes(copying: $0) }, c.oauthRefreshToken.map { t in t.withUnsafeBytes { SecureBytes(copying: $0) } })
+                let out = (p.withUnsafeBytes { SecureBytes(copying: $0) }, c.oauthRefreshToken.map { t in t.withUnsafeBytes { SecureBytes(copying: $0) } },
+                           c.passwordExpiryUTC)
                 c.wipe()
                 return out
             }
         }
-        return (secret.withUnsafeBytes { SecureBytes(copying: $0) }, nil)
+        return (secret.withUnsafeBytes { SecureBytes(copying: $0) }, nil, nil)
     }
 
     /// docker's registry key: scheme and path dropped, host lower-cased. Nil when no host is left.
@@ -86,7 +92,10 @@ public enum CredentialMapping {
 
     /// Deletes an item with the interaction a read of it would use. `Vault.delete` needs no
     /// authentication today (as `keyhold rm`); this is the one place that passes `interaction`
-    /// on once deleting a gated item requires its policy.
+    /// on once deleting a gated item requires its policy: when `Vault.delete(service:account:
+    /// reason:interaction:)` lands (issue 8, item 5), the body becomes
+    /// `try vault.delete(service: service, account: account, reason: "credential helper erase", interaction: interaction)`
+    /// (`KeyholdCredentialHelperTests.gatedItemWithoutInteractionLetsGitPromptItself` shows it).
     public static func delete(_ vault: Vault, service: String, account: String, interaction: Interaction?) throws(KeyholdError) {
         _ = interaction
         try vault.delete(service: service, account: account)

@@ -110,21 +110,29 @@ public enum GitCredentialHelper {
         }
     }
 
+    /// The account a request names: its username, else the only one stored for the host (an
+    /// expired one skipped unreleased). Listing the vault happens only without a username.
+    static func account(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) -> String? {
+        if let u = request.username, !u.isEmpty { return u }
+        guard let item = try item(vault, service, nil) else { return nil }
+        if let expiry = CredentialMapping.expiry(fromLabel: item.label), expiry <= CredentialMapping.now() { return nil }
+        return item.account
+    }
+
     static func get(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) {
-        guard let item = try item(vault, service, request.username) else { return }
-        let expiry = CredentialMapping.expiry(fromLabel: item.label)
-        if let expiry, expiry <= CredentialMapping.now() { return }  // git would reject it anyway
+        guard let account = try account(vault, service, request) else { return }
         let secret: SecureBytes
         do throws(KeyholdError) {
-            secret = try vault.secret(service: service, account: item.account, reason: "git credential get", interaction: interaction())
+            secret = try vault.secret(service: service, account: account, reason: "git credential get", interaction: interaction())
         } catch {
             try declined(error, service, "git will ask instead")
             return
         }
         defer { secret.wipe() }
-        let (password, refresh) = CredentialMapping.gitCredential(fromSecret: secret)
+        let (password, refresh, expiry) = CredentialMapping.gitCredential(fromSecret: secret)
         defer { password.wipe(); refresh?.wipe() }
-        guard let reply = GitCredentialProtocol.reply(username: item.account, password: password, expiry: expiry, refreshToken: refresh) else {
+        if let expiry, expiry <= CredentialMapping.now() { return }  // git would reject it anyway
+        guard let reply = GitCredentialProtocol.reply(username: account, password: password, expiry: expiry, refreshToken: refresh) else {
             HelperInput.complain(name, "\(service): the stored secret holds a newline or NUL and cannot be passed to git")
             return
         }
@@ -137,7 +145,7 @@ public enum GitCredentialHelper {
             return fail("store needs protocol, host, username and password; nothing stored", .usage)
         }
         if let expiry = request.passwordExpiryUTC, expiry <= CredentialMapping.now() { return 0 }
-        let secret = CredentialMapping.gitSecret(password: password, refreshToken: request.oauthRefreshToken)
+        let secret = CredentialMapping.gitSecret(password: password, refreshToken: request.oauthRefreshToken, expiry: request.passwordExpiryUTC)
         defer { secret.wipe() }
         let kind: ItemKind = request.oauthRefreshToken != nil ? .refreshToken : .password
         let label = CredentialMapping.gitLabel(expiry: request.passwordExpiryUTC)
@@ -147,7 +155,6 @@ public enum GitCredentialHelper {
         } catch .duplicateItem {
             // git stores after every success, also of a credential this helper just gave it.
         }
-        guard let existing = try item(vault, service, username) else { return 0 }
         let current: SecureBytes
         do throws(KeyholdError) {
             current = try vault.secret(service: service, account: username, reason: "git credential store", interaction: nil)
@@ -157,33 +164,34 @@ public enum GitCredentialHelper {
             return 0
         }
         defer { current.wipe() }
-        if current.constantTimeEquals(secret) && existing.label == label && existing.kind == kind { return 0 }
+        if current.constantTimeEquals(secret) { return 0 }
+        guard let existing = try item(vault, service, username) else { return 0 }
         try vault.update(secret, service: service, account: username, label: label, kind: kind,
                          access: CredentialMapping.access(of: existing) ?? access, reason: "git credential store")
         return 0
     }
 
     static func erase(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) {
-        guard let item = try item(vault, service, request.username) else { return }
+        guard let account = try account(vault, service, request) else { return }
         let prompt = interaction()
         if let rejected = request.password {
             // Only the password git reports as rejected is erased: a reject carrying a stale
             // password never deletes a newer one stored meanwhile.
             let secret: SecureBytes
             do throws(KeyholdError) {
-                secret = try vault.secret(service: service, account: item.account, reason: "git credential erase", interaction: prompt)
+                secret = try vault.secret(service: service, account: account, reason: "git credential erase", interaction: prompt)
             } catch {
                 try declined(error, service, "the stored credential was kept")
                 return
             }
-            let (stored, refresh) = CredentialMapping.gitCredential(fromSecret: secret)
+            let (stored, refresh, _) = CredentialMapping.gitCredential(fromSecret: secret)
             secret.wipe()
             refresh?.wipe()
             defer { stored.wipe() }
             guard stored.constantTimeEquals(rejected) else { return }
         }
         do throws(KeyholdError) {
-            try CredentialMapping.delete(vault, service: service, account: item.account, interaction: prompt)
+            try CredentialMapping.delete(vault, service: service, account: account, interaction: prompt)
         } catch {
             try declined(error, service, "the stored credential was kept")
         }

@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import KeyholdClient
 import KeyholdCore
+import KeyholdVault
 
 /// What the TPM key protector adds: the same broker with `--key-protector file` and with
 /// `--key-protector tpm` on Debian's swtpm (a real TPM is slower per command: tens of ms for

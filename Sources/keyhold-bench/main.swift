@@ -56,7 +56,7 @@ defer { try? FileManager.default.removeItem(atPath: dir) }
 let state = dir + "/state", socketPath = dir + "/k.sock"
 let broker = Process()
 broker.executableURL = URL(fileURLWithPath: bin + "/keyholdd")
-broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir]
+broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir, "--key-protector", "file"]
 broker.standardError = FileHandle.nullDevice
 try! broker.run()
 let vault = Vault(socketPath: socketPath)
@@ -188,6 +188,8 @@ report("database size per item (db + wal, incl. audit rows)", "\(bytes / max(sto
 report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024) MiB", "target < 64 MiB")
 let libraries = mappedLibraries(broker.processIdentifier)
 print("broker maps \(libraries.count) shared libraries: \(libraries.joined(separator: " "))")
+
+measureCredentialHelpers()
 
 broker.terminate()
 broker.waitUntilExit()

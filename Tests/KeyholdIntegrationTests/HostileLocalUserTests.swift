@@ -83,7 +83,9 @@ import KeyholdTestSupport
                 #expect(s.withUnsafeBytes { Array($0) } == Array("root-secret".utf8))
             })
         }
-        #expect(times.allSatisfy { $0 < 100 }, "root's gets took \(times) ms")
+        // The median within 100 ms (one get may lose the CPU to a parallel build on a loaded
+        // 2-core CI machine), and none anywhere near the 5 s a starved slot would cost.
+        #expect(times.sorted()[2] < 100 && times.allSatisfy { $0 < 1_000 }, "root's gets took \(times) ms")
         let theirs = b.cli(["get", "svc", "other"], asUser: other.name)
         #expect(theirs.status == 0 && theirs.stdoutText == "other-secret")
 

@@ -97,7 +97,7 @@ import KeyholdTestSupport
         let toTPM = runWithTimeout(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--migrate-key-protector", "tpm",
                                                         "--tpm-tcti", tpm.tcti], seconds: 60)
         #expect(toTPM.status == 0, "\(toTPM.stderr)")
-        b.extraArguments = ["--tpm-tcti", tpm.tcti]
+        b.extraArguments = ["--key-protector", "auto", "--tpm-tcti", tpm.tcti]
         try b.start()  // sets up the TPM counter of the base copy
         b.stop()
         #expect(runCommand("/bin/cp", ["-a", b.stateDirectory, baseTPM]).status == 0)
@@ -106,7 +106,7 @@ import KeyholdTestSupport
         for (target, base) in [("tpm", baseFile), ("file", baseTPM)] {
             for step in steps {
                 let machine = target == "tpm" ? try SoftwareTPM() : tpm
-                b.extraArguments = ["--tpm-tcti", machine.tcti]  // auto: whatever the vault holds
+                b.extraArguments = ["--key-protector", "auto", "--tpm-tcti", machine.tcti]  // whatever the vault holds
                 #expect(runCommand("/bin/rm", ["-rf", b.stateDirectory]).status == 0)
                 #expect(runCommand("/bin/cp", ["-a", base, b.stateDirectory]).status == 0)
                 let migrate = ["--state-dir", b.stateDirectory, "--migrate-key-protector", target, "--tpm-tcti", machine.tcti]

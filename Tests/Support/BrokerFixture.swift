@@ -173,6 +173,8 @@ public final class BrokerFixture: @unchecked Sendable {
         var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory,
                     "--syslog-socket", syslogPath]
         if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
+        // Test vaults never seal into (or take NV counters of) a real TPM the machine may have.
+        if !extraArguments.contains("--key-protector") { args += ["--key-protector", "file"] }
         p.arguments = args + extraArguments
         var env = ProcessInfo.processInfo.environment
         env["PAM_MATRIX_PASSWD"] = passdb

@@ -1,5 +1,6 @@
 import KeyholdCore
 import Glibc
+import KeyholdCore
 
 /// How the vault key is kept at rest in the state directory.
 public enum KeyProtectorKind: String, Sendable, CaseIterable {
