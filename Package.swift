@@ -84,7 +84,7 @@ let package = Package(
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         // Against Debian's swtpm, started by the tests.
         .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd"]),
         // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
         .testTarget(name: "KeyholdSecretServiceTests",
                     dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",

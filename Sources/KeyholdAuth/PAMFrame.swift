@@ -129,6 +129,4 @@ enum PAMIO {
         }
         return true
     }
-
-    static func monotonicNanos() -> UInt64 { DescriptorIO.monotonicNanos() }
 }

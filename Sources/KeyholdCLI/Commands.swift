@@ -210,7 +210,9 @@ public enum KeyholdCommand {
     static func biometry(_ vault: Vault) throws(KeyholdError) {
         let info = try vault.biometry()
         // The reader's and fingers' names come from the bus: shown escaped like any peer's text.
-        Output.out("reader: \(Printable.escape(info.reader ?? "unknown"))\n")
+        // The broker keeps no D-Bus client (it runs as root); the reader's name is asked here.
+        let reader = info.reader ?? BiometryReader.readerDescription()
+        Output.out("reader: \(Printable.escape(reader ?? "unknown"))\n")
         Output.out("enrolled fingers: \(info.enrolledFingers.isEmpty ? "none" : info.enrolledFingers.map { Printable.escape($0) }.joined(separator: ", "))\n")
         Output.out("items bound to the current set (invalidated by any change): \(info.itemsBoundToCurrentSet)\n")
     }

@@ -21,7 +21,7 @@ public enum DescriptorIO {
             if code == EINTR { continue }
             guard code == EAGAIN || code == EWOULDBLOCK else { return code }
             var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
-            let wait = deadline.map { d in Int32(clamping: max(0, (Int64(d) - Int64(monotonicNanos())) / 1_000_000)) } ?? -1
+            let wait = deadline.map { d in Int32(clamping: max(0, (Int64(d) - Int64(MonotonicClock.nanoseconds())) / 1_000_000)) } ?? -1
             if deadline != nil && wait == 0 { return ETIMEDOUT }
             let r = poll(&pfd, 1, wait)
             if r < 0 && errno == EINTR { continue }
@@ -36,11 +36,5 @@ public enum DescriptorIO {
     public static func writeAll(_ fd: Int32, _ text: String) -> Int32 {
         var text = text
         return text.withUTF8 { writeAll(fd, UnsafeRawBufferPointer($0)) }
-    }
-
-    public static func monotonicNanos() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
     }
 }

@@ -106,7 +106,7 @@ public enum DockerCredentialProtocol {
     static func quoteBytes(_ raw: UnsafeRawBufferPointer) -> SecureBytes {
         let out = SecureBytes(count: raw.count * 6 + 2)
         var n = 0
-        let hex = Array("0123456789abcdef".utf8)
+        let hex = Hex.digits
         out.withUnsafeMutableBytes { o in
             o[n] = UInt8(ascii: "\""); n += 1
             for b in raw {

@@ -61,16 +61,7 @@ public enum HelperInput {
     /// Writes all of `bytes` to `fd`; false if it could not.
     @discardableResult
     public static func write(_ fd: Int32, _ bytes: SecureBytes) -> Bool {
-        bytes.withUnsafeBytes { raw -> Bool in
-            var done = 0
-            while done < raw.count {
-                let n = Glibc.write(fd, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        }
+        bytes.withUnsafeBytes { DescriptorIO.writeAll(fd, $0) == 0 }
     }
 
     /// One escaped line on stderr, prefixed with the helper's name. Never given a secret.

@@ -48,8 +48,9 @@ import KeyholdTestSupport
             let wrong = try getWithScan(b, fp, ["any", "x"], print: "print-somebody-else")
             #expect(wrong.status == 6 && wrong.stdout.isEmpty, "\(wrong.stderr)")
 
-            // `keyhold biometry` shows the reader and the enrolled finger.
-            let info = b.cli(["biometry"])
+            // `keyhold biometry` shows the reader (asked by the CLI itself on the bus: the broker
+            // keeps no D-Bus client) and the enrolled finger (from the broker).
+            let info = b.cli(["biometry"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": fp.busAddress])
             #expect(info.stdoutText.contains("Virtual device for debugging"), "\(info.stdoutText)")
             #expect(info.stdoutText.contains("right-index-finger"))
             #expect(info.stdoutText.contains("current set (invalidated by any change): 1"))

@@ -1,7 +1,8 @@
 /// The one hex codec: lowercase out; in, lowercase only unless a caller accepts user-typed
 /// uppercase too. Item ids, MACs and export rows, digests, and the demo token all use it.
 public enum Hex {
-    static let digits: [UInt8] = Array("0123456789abcdef".utf8)
+    /// The sixteen lowercase digits, for encoders that write into guarded memory.
+    public static let digits: [UInt8] = Array("0123456789abcdef".utf8)
 
     public static func encode<Bytes: Collection<UInt8>>(_ bytes: Bytes) -> String {
         var out: [UInt8] = []

@@ -126,16 +126,7 @@ public enum KeyFiles {
         guard fd >= 0 else { throw .io(code: errno) }
         var failure: Int32 = fchmod(fd, 0o600) == 0 ? 0 : errno
         if failure == 0 {
-            failure = bytes.withUnsafeBytes { raw -> Int32 in
-                var done = 0
-                while done < raw.count {
-                    let n = write(fd, raw.baseAddress! + done, raw.count - done)
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { return errno == 0 ? EIO : errno }
-                    done += n
-                }
-                return 0
-            }
+            failure = bytes.withUnsafeBytes { DescriptorIO.writeAll(fd, $0) }
         }
         if failure == 0, fsync(fd) != 0 { failure = errno }
         close(fd)
