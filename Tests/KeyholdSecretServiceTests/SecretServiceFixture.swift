@@ -119,6 +119,13 @@ final class SecretServiceFixture: @unchecked Sendable {
         broker.cli(arguments, stdin: Array(stdin.utf8), environment: environment, asUser: user.name)
     }
 
+    /// The bus goes away under the agent.
+    func killBus() {
+        guard let b = bus, b.isRunning else { return }
+        kill(b.processIdentifier, SIGKILL)
+        b.waitUntilExit()
+    }
+
     func stopAgent() {
         guard let a = agent, a.isRunning else { return }
         a.terminate()
