@@ -93,6 +93,12 @@ void ckss_install_termination_handler(void) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    /* A parent may have left them blocked (the mask is inherited across exec). */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &set, NULL);
 }
 
 int ckss_terminated(void) { return terminated; }
