@@ -1,4 +1,5 @@
 import CSystemd
+import KeyholdClient
 import KeyholdCore
 import KeyholdProtocol
 
@@ -73,9 +74,44 @@ extension Agent {
             }
         case "Set":
             try c.r.requireSignature("ssv")
-            throw .notSupported("properties are read-only through this agent")
+            let iface = try c.r.string(), name = try c.r.string()
+            guard case .item(let id) = object, iface == Interface.item || iface.isEmpty, name == "Label" else {
+                throw .notSupported("only an item's Label can be set")
+            }
+            guard try c.r.enterVariant() == "s" else { throw .invalidArgs("Label is a string") }
+            let label = try c.r.string()
+            try setLabel(id, label, c)
         default:
             throw .unknownMethod("no method \(c.member) on Properties")
         }
+    }
+}
+
+extension Agent {
+    /// A new label is a replacement of the item (the vault seals the label with it): the item's
+    /// secret is read under its policy (no prompt: a locked item is IsLocked) and stored again
+    /// with the same policy, reuse window and allowed executables.
+    func setLabel(_ id: String, _ label: String, _ c: Call) throws(BusError) {
+        guard label.utf8.count <= Limits.maxTextBytes - 256 else { throw .limitsExceeded("label too long") }
+        let i = try item(id)
+        guard !state.isLocked(i) else { throw .isLocked }
+        let policy: Policy
+        do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
+        let pid = claimedPID(c.m)
+        do throws(KeyholdError) {
+            let secret = try vault.secret(service: i.service, account: i.account, claimedPID: pid, reason: "relabel")
+            defer { secret.wipe() }
+            try vault.store(secret, service: i.service, account: i.account,
+                            label: LabelEncoding.encode(label: label, contentType: LabelEncoding.decode(i.label).contentType),
+                            policy: policy, reuseSeconds: i.reuseSeconds, allowedExecutables: i.allowedExecutables,
+                            update: true, claimedPID: pid)
+        } catch .interactionNotAllowed {
+            throw .isLocked
+        } catch {
+            throw Self.busError(error)
+        }
+        state.items[id] = nil
+        try reply(c.m) { _ in }
+        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(SecretObject.itemPath(id)) }
     }
 }
