@@ -19,6 +19,8 @@ public final class Broker: Sendable {
     let anchor: RollbackAnchor?
     /// With the TPM protector: the NV counter, advanced after changes that matter.
     let counter: TPMRollbackCounter?
+    /// Set when a request's rollback check failed: every later request gets it (RollbackWatch.swift).
+    let rollbackRefusal = Mutex<String?>(nil)
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
@@ -37,17 +39,12 @@ public final class Broker: Sendable {
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
         store.withLock { store in
+            // Rollback checks around every store access: RollbackWatch.swift.
+            watchRollbackGuards(store)
             let result = body(store)
             advanceRollbackGuards(store)
             return result
         }
-    }
-
-    /// After every store call, still under the lock and before any member of a group commit
-    /// is answered: the TPM counter and the anchor file follow the committed head.
-    private func advanceRollbackGuards(_ store: VaultStore) {
-        counter?.advance(store)
-        anchor?.advance(store)
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers

@@ -61,6 +61,20 @@ final class RollbackAnchor: Sendable {
         return (seq, tag)
     }
 
+    /// Before every store access (RollbackWatch.swift): the vault's head must not be behind the
+    /// last value this broker anchored. Compared with the broker's own memory of it, not the
+    /// file: only this broker writes the anchor while it runs. nil when current.
+    func watch(_ store: VaultStore) -> String? {
+        let last = written.withLock { $0 }
+        guard last >= 0 else { return nil }
+        do throws(StoreError) {
+            let head = try store.authenticatedHeadSequence()
+            return head < last ? "its audit head is entry \(head), this broker last anchored entry \(last) in \(path)" : nil
+        } catch {
+            return error == .integrity ? "its audit head does not verify" : nil
+        }
+    }
+
     /// Writes the head's sequence number when it moved (temporary file, fsync, rename), so the
     /// anchor is never ahead of a committed head. Called after every store call, under its lock.
     func advance(_ store: VaultStore) {

@@ -51,6 +51,13 @@ struct Session {
             rejectMalformed(.unexpectedMessage)
             return
         }
+        // A vault seen rolled back while serving: nothing more (RollbackWatch.swift).
+        if let refused = broker.rollbackAnswer() {
+            send(.response(refused))
+            request.secret?.wipe()
+            request.appPassword?.wipe()
+            return
+        }
         // Over this uid's audit budget: not carried out, counted for its refused-burst entry.
         guard broker.budget.admit(uid: caller.uid) else {
             send(.response(Response(.busy, detail: "too many requests from this user; try again shortly")))
@@ -63,7 +70,7 @@ struct Session {
             // A connection handed to another user's process: neither may act through it.
             response = deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
         } else {
-            response = handle(request)
+            response = broker.rollbackAnswer(replacing: handle(request))!
         }
         send(.response(response))
         response.secret?.wipe()

@@ -14,7 +14,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case notAuthorized
     case brokerUnavailable(String)
     case auditUnavailable
-    case integrityFailure
+    /// With the broker's detail when it has one (a vault seen rolled back while serving).
+    case integrityFailure(String? = nil)
     /// The item changed since it was read (exit code 14).
     case conflict
     /// The broker is at this uid's connection cap or audit budget (exit 15); retried ~3 s first.
@@ -56,7 +57,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .notAuthorized: self = .notAuthorized
         case .brokerUnavailable: self = .brokerUnavailable(response.detail ?? "broker unavailable")
         case .auditUnavailable: self = .auditUnavailable
-        case .integrityFailure: self = .integrityFailure
+        case .integrityFailure: self = .integrityFailure(response.detail)
         case .conflict: self = .conflict
         case .busy: self = .busy
         case .usage: self = .invalidRequest(response.detail ?? "invalid request")
@@ -71,6 +72,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .brokerUnavailable(let why): "\(Outcome.brokerUnavailable.description): \(why)"
         case .invalidRequest(let why): why
         case .other(let why): why
+        case .integrityFailure(let detail?): detail
         default: outcome.description
         }
     }

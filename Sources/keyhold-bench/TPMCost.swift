@@ -7,8 +7,10 @@ import KeyholdVault
 /// What the TPM key protector adds: the same broker with `--key-protector file` and with
 /// `--key-protector tpm` on Debian's swtpm (a real TPM is slower per command: tens of ms for
 /// an unseal, so these figures are lower bounds). The TPM is used at start (unseal, counter
-/// check) and for changes that matter for rollback (rm here: one NV increment); a new item's
-/// put and a get use no TPM command.
+/// check), for changes that matter for rollback (rm here: one NV increment), and, for any
+/// request, to re-read the counter when the broker's cached value is over 1 s old
+/// (RollbackWatch.swift); every store access also compares the vault's counter record with
+/// that cached value (no TPM command).
 @MainActor func measureTPMCost(bin: String, samples: Int = 300) {
     let swtpm = "/usr/bin/swtpm"
     guard access(swtpm, X_OK) == 0 else {
@@ -83,7 +85,7 @@ import KeyholdVault
         report("TPM cost, \(what), p50 file / tpm (swtpm)", "\(ms(a)) / \(ms(b))", String(format: "%+.3f ms", (b - a) * 1000) + note)
     }
     line("broker start-up (existing vault)", f.start, t.start)
-    line("put (new item)", f.put, t.put, " (no TPM command)")
+    line("put (new item)", f.put, t.put, " (record check; a TPM read at most once a second)")
     line("rm", f.rm, t.rm, " (advances the TPM rollback counter)")
-    line("get", f.get, t.get, " (no TPM command)")
+    line("get", f.get, t.get, " (record check; a TPM read at most once a second)")
 }

@@ -6,7 +6,7 @@ import KeyholdVault
 
 // keyhold-bench: latency, throughput, size and memory of a real broker on a temporary vault.
 // Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.
-//   keyhold-bench [--items N] [--audit-entries N]
+//   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
@@ -47,6 +47,12 @@ func rss(_ pid: Int32) -> Int {
     let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
     let line = status.split(separator: "\n").first { $0.hasPrefix("VmRSS:") } ?? ""
     return Int(line.split(separator: " ").dropFirst().first ?? "") ?? -1
+}
+
+// `--tpm-cost-only`: just the TPM key protector's cost (TPMCost.swift), a minute instead of the whole run.
+if args.contains("--tpm-cost-only") {
+    measureTPMCost(bin: bin)
+    exit(0)
 }
 
 // A broker on a temporary vault.

@@ -128,24 +128,24 @@ import KeyholdTestSupport
         }
     }
 
-    /// The broker unseals once at start and holds the key; a TPM that disappears later
-    /// changes nothing about policy (a gated item still needs its authentication), and the
-    /// next start fails closed.
+    /// The broker unseals once at start and holds the key; a TPM that disappears later never
+    /// lets a gated item out without its authentication, stops the broker at the first change
+    /// that must advance the counter or the first request past the 1 s re-read, whichever
+    /// comes first, and the next start fails closed. (Every operation past the re-read:
+    /// `TPMRunningBrokerTests.tpmKilledMidRunFailsEveryOperationClosed`.)
     @Test func tpmDisappearingFailsClosed() throws {
         let tpm = try SoftwareTPM()
         let b = try BrokerFixture(extraArguments: tpmArguments(tpm))
         #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: secret).status == 0)
         #expect(b.cli(["put", "open", "x"], stdin: Array("free".utf8)).status == 0)
         tpm.stop()
-        // Reads need no TPM (the key is in the broker's memory, and reads do not move the counter).
-        #expect(b.cli(["get", "open", "x"]).stdoutText == "free")
         let noUI = b.cli(["get", "gated", "x", "--no-interaction"])
-        #expect(noUI.status == 7 && noUI.stdout.isEmpty)
+        #expect((noUI.status == 7 || noUI.status == 11) && noUI.stdout.isEmpty, "\(noUI.status) \(noUI.stderr)")
         // A failed attempt must advance the rollback counter before it is answered: without
         // the TPM the broker stops instead (broker unavailable), releasing nothing.
         let wrong = b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "nope", name: "wrong")])
         #expect(wrong.status == 11 && wrong.stdout.isEmpty, "\(wrong.status) \(wrong.stderr)")
-        #expect(b.brokerLog.contains("rollback counter could not be advanced"))
+        #expect(b.brokerLog.contains("rollback counter could not be advanced") || b.brokerLog.contains("the TPM no longer answers"))
         b.stop()
         let restart = startOnce(b.stateDirectory, tpmArguments(tpm), in: b.directory)
         #expect(restart.status == 1 && restart.stderr.contains("no TPM answers"), "\(restart.stderr)")
