@@ -13,6 +13,7 @@ public final class Broker: Sendable {
     /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
     let budget = AuditBudget()
     let reserve: FreeSpaceReserve
+    let leases = RotationLeases()
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()

@@ -82,7 +82,7 @@ struct Session {
     }
 
     @discardableResult
-    private func send(_ message: BrokerMessage) -> Bool {
+    func send(_ message: BrokerMessage) -> Bool {
         do throws(FrameError) {
             try Frame.write(message.encode(), to: fd)
             return true
@@ -116,17 +116,18 @@ struct Session {
         case .auditVerify: return auditVerify(request)
         case .auditPrune: return auditPrune(request)
         case .auditVerifyExport: return auditVerifyExport(request)
+        case .rotate: return rotate(request)
         }
     }
 
-    private func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
+    func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
                        decision: AuditEvent.Decision, method: AuthMethod = .none, outcome: Outcome) -> AuditEvent {
         AuditEvent(caller: caller, operation: op, itemID: item?.id, item: request.item, decision: decision,
                    method: method, reason: request.reason, outcome: outcome)
     }
 
     /// Answers with `denial`, auditing it first.
-    private func deny(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem?, _ denial: Denial) -> Response {
+    func deny(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem?, _ denial: Denial) -> Response {
         let decision: AuditEvent.Decision = [.integrityFailure, .otherError, .auditUnavailable].contains(denial.outcome) ? .error : .denied
         if !broker.audit(event(request, op, item: item, decision: decision, outcome: denial.outcome)) {
             return Response(.auditUnavailable)
@@ -137,7 +138,7 @@ struct Session {
     }
 
     /// Looks the item up for the caller's uid only: another user's item is simply not there.
-    private func lookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
+    func lookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
         broker.withStore { store in
             do throws(StoreError) {
                 return .success(try store.item(owner: caller.uid, service: ref.service, account: ref.account))
@@ -148,7 +149,7 @@ struct Session {
     }
 
     /// Runs the item's policy for this caller, relaying the conversation over this socket.
-    private func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
+    func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
         let lockout = broker.withStore { store -> LockoutRecord in
             (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
         }
@@ -194,7 +195,7 @@ struct Session {
     }
 
     /// Asks for the item's application password (after PAM), if its policy has one.
-    private func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
+    func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
         guard item.access.policy.requiresAppPassword else { return .success(nil) }
         guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
         switch ask(Prompt(style: .echoOff, purpose: .appPassword, text: "Application password for \(item.service) / \(item.account): ")) {
@@ -275,7 +276,7 @@ struct Session {
         }
         let access = AccessControl(policy: policy, allowedExecutables: request.allowedExecutables, reuseSeconds: request.reuseSeconds)
 
-        let existing: StoredItem?
+        var existing: StoredItem?
         switch lookup(ref) {
         case .failure(let d):
             // A damaged item may still be replaced with --update: its old policy cannot be
@@ -283,6 +284,12 @@ struct Session {
             // the new policy stand in. Refuse instead: nothing is silently overwritten.
             return deny(request, op, item: nil, d)
         case .success(let e): existing = e
+        }
+        if let found = existing, request.update {
+            switch settledForUpdate(request, ref, found) {  // --if-generation; waits for a rotation in progress
+            case .failure(let d): return deny(request, op, item: found, d)
+            case .success(let e): existing = e
+            }
         }
         var method = AuthMethod.none
         if let existing {
