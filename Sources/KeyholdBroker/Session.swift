@@ -244,6 +244,7 @@ struct Session {
             if appPassword != nil { broker.recordSuccess(uid: caller.uid) }
             var r = Response(.ok)
             r.secret = secret
+            r.generation = item.generation
             return r
         case .failure(let d):
             if d.outcome == .auditUnavailable {

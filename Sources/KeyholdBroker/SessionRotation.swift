@@ -18,8 +18,7 @@ extension Session {
 
     func rotate(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
-        let seconds = request.timeoutSeconds ?? Limits.defaultRotationSeconds
-        let deadline = monotonicMilliseconds() + Int64(seconds) * 1000
+        let seconds = Int64(request.timeoutSeconds ?? Limits.defaultRotationSeconds) * 1000
         let item: StoredItem
         switch lookup(ref) {
         case .failure(let d): return deny(request, .get, item: nil, d)
@@ -40,12 +39,15 @@ extension Session {
         if appPassword != nil { method = method.adding(.appPassword) }
 
         let token: UInt64
-        switch broker.leases.acquire(item.id, deadline: deadline, clientFD: fd) {
+        switch broker.leases.acquire(item.id, deadline: monotonicMilliseconds() + seconds, clientFD: fd) {
         case .acquired(let t, _): token = t
         case .timedOut: return deny(request, .get, item: item, Denial(.conflict, "another rotation of this item did not finish in time"))
         case .callerLeft: return deny(request, .get, item: item, Denial(.userCanceled))
         }
         defer { broker.leases.release(item.id, token: token) }
+        // The lease's lifetime, plus a little so the client's own timeout (which kills its
+        // command and cancels) is the one that normally ends it.
+        let deadline = monotonicMilliseconds() + seconds + 5_000
 
         // What was authorised is the item as first read; under the lease, read it again.
         let current: StoredItem
