@@ -259,6 +259,8 @@ struct Session {
     private func put(_ request: Request) -> Response {
         guard let ref = request.item, let secret = request.secret else { return Response(.usage) }
         let op: AuditEvent.Operation = request.update ? .update : .put
+        // The wire carries an expiry (issue 10) that this broker does not store yet: refuse, never drop it.
+        if request.expires != nil { return deny(request, op, item: nil, Denial(.usage, "this broker does not store expiry times yet")) }
         let policy: Policy
         do throws(Policy.ParseError) {
             policy = try Policy(parsing: request.policy ?? "none")

@@ -212,8 +212,8 @@ public enum KeyholdCommand {
             }
             return
         }
-        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "LABEL"]]
-        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, i.label]) }
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "LABEL"]]
+        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation), i.label]) }
         Output.out(Output.table(rows))
     }
 
