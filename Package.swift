@@ -1,21 +1,31 @@
 // swift-tools-version: 6.0
 import PackageDescription
 
-// Keyhold: a credential vault for Linux. See ../shared/DESIGN.md and SECURITY.md.
-// Each target has one job; the privileged broker stays small and untrusted input is
-// parsed only in KeyholdProtocol.
+// Keyhold: a credential vault for Linux. See docs/ARCHITECTURE.md and SECURITY.md.
+// Each target has one job; only the broker links the vault (keys, store, audit chain), and
+// every parser of untrusted bytes is listed in SECURITY.md ("Untrusted input").
 let package = Package(
     name: "Keyhold",
     products: [
         .executable(name: "keyholdd", targets: ["keyholdd"]),
         .executable(name: "keyhold", targets: ["keyhold"]),
         .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
+        .executable(name: "git-credential-keyhold", targets: ["git-credential-keyhold"]),
+        .executable(name: "docker-credential-keyhold", targets: ["docker-credential-keyhold"]),
+        .executable(name: "keyhold-secret-service", targets: ["keyhold-secret-service"]),
     ],
     targets: [
         // C libraries from Debian's -dev packages. Module maps and shims only, no logic.
         .systemLibrary(name: "CSodium", pkgConfig: "libsodium", providers: [.apt(["libsodium-dev"])]),
         .systemLibrary(name: "CPAM", pkgConfig: "pam", providers: [.apt(["libpam0g-dev"])]),
         .systemLibrary(name: "CSQLite", pkgConfig: "sqlite3", providers: [.apt(["libsqlite3-dev"])]),
+        // sd-bus (libsystemd) for the Secret Service agent only; never linked into the broker.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // The Secret Service session crypto (modp-1024 DH, HKDF-SHA256, AES-128-CBC) on OpenSSL's
+        // libcrypto, which libsodium lacks. The agent's target only.
+        .target(name: "CKeyholdSS", linkerSettings: [.linkedLibrary("crypto")]),
+        // The TPM2 software stack (ESAPI, TCTI loader, marshalling) for the broker's key protector.
+        .systemLibrary(name: "CTSS2", pkgConfig: "tss2-esys", providers: [.apt(["libtss2-dev"])]),
         // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
         .target(name: "CKeyholdOS"),
 
@@ -33,13 +43,28 @@ let package = Package(
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore", "CKeyholdOS"]),
         // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
         .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
+        // TPM 2.0 through the TSS (ESAPI): sealing the vault key. Its parsing of TPM-made bytes
+        // (the sealed-key file) is one of the untrusted-input parsers. Linked into the broker only.
+        .target(name: "KeyholdTPM", dependencies: ["CTSS2"]),
         // The daemon: socket, peer credentials, policy evaluation, lockout, audit-before-release.
-        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdProtocol", "KeyholdAuth", "CKeyholdOS"]),
+        .target(name: "KeyholdBroker", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdProtocol", "KeyholdAuth", "KeyholdTPM", "CKeyholdOS"]),
         // The Swift API applications call. Holds no keys.
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 
         // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
         .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS"]),
+
+        // git-credential and docker-credential helpers: their protocol parsing and the one item mapping.
+        .target(name: "KeyholdCredentialHelpers", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdCLI"]),
+        // Static like `keyhold`, for the same reason: git and docker start them once per credential.
+        .executableTarget(name: "git-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"],
+                          linkerSettings: [.unsafeFlags(["-static-executable"])]),
+        .executableTarget(name: "docker-credential-keyhold", dependencies: ["KeyholdCredentialHelpers"],
+                          linkerSettings: [.unsafeFlags(["-static-executable"])]),
+        // The Secret Service agent: D-Bus object tree, session crypto, attribute mapping. Runs as
+        // the user, holds no key, forwards to the broker. All parsing of bus input is here.
+        .target(name: "KeyholdSecretService", dependencies: ["KeyholdClient", "KeyholdCLI", "KeyholdCore", "CSystemd", "CKeyholdSS"]),
+        .executableTarget(name: "keyhold-secret-service", dependencies: ["KeyholdSecretService"]),
 
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
         // Linked fully static (Swift runtime, libsodium, libc): the CLI runs once per `get`, and the
@@ -56,7 +81,14 @@ let package = Package(
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit), against a real SQLite vault.
         .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdTestSupport", "keyholdd"]),
+        .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
+        // Against Debian's swtpm, started by the tests.
+        .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd"]),
+        // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
+        .testTarget(name: "KeyholdSecretServiceTests",
+                    dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",
+                                   "keyholdd", "keyhold-secret-service"]),
         // Real broker over its real socket, driven through the client library and the CLI.
         .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
     ]

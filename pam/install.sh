@@ -43,7 +43,7 @@ for s in $services; do
     mv -f "$tmp" "$dest/$s"
     echo "installed  $dest/$s"
 done
-if ! [ -e /lib/x86_64-linux-gnu/security/pam_fprintd.so ] && ! ls /lib/*/security/pam_fprintd.so >/dev/null 2>&1 \
+if ! ls /lib/*/security/pam_fprintd.so >/dev/null 2>&1 && ! ls /usr/lib/*/security/pam_fprintd.so >/dev/null 2>&1 \
    && ! [ -e /lib/security/pam_fprintd.so ]; then
     echo "note: pam_fprintd.so not found (apt-get install libpam-fprintd): biometry policies will fail," >&2
     echo "      user-presence will use the password only." >&2

@@ -38,13 +38,7 @@ public struct BiometryDigest: Sendable, Equatable, CustomStringConvertible {
     public static func == (lhs: BiometryDigest, rhs: BiometryDigest) -> Bool { lhs.constantTimeEquals(rhs) }
 
     /// Lower-case hex of all 32 bytes.
-    public var hex: String {
-        let digits = Array("0123456789abcdef".utf8)
-        var out: [UInt8] = []
-        out.reserveCapacity(bytes.count * 2)
-        for b in bytes { out.append(digits[Int(b >> 4)]); out.append(digits[Int(b & 0xf)]) }
-        return String(decoding: out, as: UTF8.self)
-    }
+    public var hex: String { Hex.encode(bytes) }
 
     public var description: String { "BiometryDigest(\(hex.prefix(16))…)" }
 }

@@ -42,7 +42,7 @@ public final class PAMAuthenticator: Sendable {
         for field in [request.user, request.ruser, request.tty, request.rhost, serviceDirectory] {
             if let f = field, !PAMRequestRules.validField(f) { return .unavailable(code: PAM_BAD_ITEM) }
         }
-        let deadline = PAMIO.monotonicNanos() + UInt64(deadlineSeconds) * 1_000_000_000
+        let deadline = MonotonicClock.nanoseconds() + UInt64(deadlineSeconds) * 1_000_000_000
         guard let helper = PAMHelperHandle.spawn(executable: helperExecutable) else { return .helperFailed }
         // After a result the helper has run pam_end and is exiting; any other end may leave
         // programs its modules started in their own sessions (pam_exec calls setsid).
@@ -58,7 +58,7 @@ public final class PAMAuthenticator: Sendable {
         var messages = 0
         while true {
             // Wait for the helper, the interrupt fd, or the deadline.
-            let now = PAMIO.monotonicNanos()
+            let now = MonotonicClock.nanoseconds()
             guard now < deadline else { return .helperFailed }
             let waitMs = Int32(clamping: (deadline - now + 999_999) / 1_000_000)
             var fds = [pollfd(fd: helper.channel, events: Int16(POLLIN), revents: 0)]
@@ -88,13 +88,13 @@ public final class PAMAuthenticator: Sendable {
                     if let i = interruptFD, Self.fired(i) { return .canceled }
                     let reply = conversation(message)
                     if let i = interruptFD, Self.fired(i) { return .canceled }
-                    guard PAMIO.monotonicNanos() < deadline else { return .helperFailed }
+                    guard MonotonicClock.nanoseconds() < deadline else { return .helperFailed }
                     switch reply {
                     case .cancel:
                         return .canceled
                     case .answer(let secret):
                         guard message.isPrompt else { continue }  // no answer wanted
-                        guard secret.count <= PAMRequestRules.maxAnswerBytes else { return .canceled }
+                        guard secret.count <= PAMRequestRules.maxConversationAnswerBytes else { return .canceled }
                         let header = PAMFrame.header(.answer, secret.count)
                         let sent = header.withUnsafeBytes { PAMIO.sendAll(helper.channel, $0, deadline: deadline) }
                             && secret.withUnsafeBytes { PAMIO.sendAll(helper.channel, $0, deadline: deadline) }

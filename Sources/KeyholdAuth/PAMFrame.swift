@@ -20,7 +20,7 @@ enum PAMFrameKind: UInt8 {
     var maxPayload: Int {
         switch self {
         case .request: 6 * (2 + PAMRequestRules.maxFieldBytes) + 8
-        case .answer: PAMRequestRules.maxAnswerBytes
+        case .answer: PAMRequestRules.maxConversationAnswerBytes
         case .cancel: 0
         case .message: 1 + PAMRequestRules.maxMessageBytes
         case .done: 5
@@ -110,24 +110,7 @@ struct PAMWireRequest: Equatable {
 enum PAMIO {
     /// Writes all bytes; on a non-blocking fd waits for POLLOUT up to `deadline` (monotonic ns).
     static func sendAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, deadline: UInt64? = nil) -> Bool {
-        guard var p = raw.baseAddress else { return raw.count == 0 }
-        var left = raw.count
-        while left > 0 {
-            let n = send(fd, p, left, Int32(MSG_NOSIGNAL))
-            if n > 0 { p += n; left -= n; continue }
-            if n < 0 && errno == EINTR { continue }
-            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
-                var pfd = pollfd(fd: fd, events: Int16(POLLOUT), revents: 0)
-                let wait = deadline.map { d in Int32(clamping: max(0, (Int64(d) - Int64(monotonicNanos())) / 1_000_000)) } ?? -1
-                if deadline != nil && wait == 0 { return false }
-                let r = poll(&pfd, 1, wait)
-                if r < 0 && errno == EINTR { continue }
-                if r <= 0 { return false }
-                continue
-            }
-            return false
-        }
-        return true
+        DescriptorIO.writeAll(fd, raw, socket: true, deadline: deadline) == 0
     }
 
     static func sendFrame(_ fd: Int32, _ kind: PAMFrameKind, _ payload: [UInt8], deadline: UInt64? = nil) -> Bool {
@@ -145,11 +128,5 @@ enum PAMIO {
             return false
         }
         return true
-    }
-
-    static func monotonicNanos() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
     }
 }

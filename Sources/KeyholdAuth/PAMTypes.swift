@@ -81,7 +81,7 @@ extension PAMResult {
 /// Checks on request fields, applied by the broker before spawning and again by the helper.
 enum PAMRequestRules {
     /// PAM_MAX_RESP_SIZE: libpam and pam_unix do not handle longer answers.
-    static let maxAnswerBytes = 512
+    static let maxConversationAnswerBytes = 512
     /// Longer module messages are cut (PAM_MAX_MSG_SIZE is 512; this leaves room).
     static let maxMessageBytes = 4096
     static let maxFieldBytes = 1024

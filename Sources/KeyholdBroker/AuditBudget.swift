@@ -37,7 +37,10 @@ final class AuditBudget: Sendable {
         b.stamp = now
     }
 
-    private func withBucket<R>(_ uid: UInt32, _ body: (inout Bucket) -> R) -> R {
+    /// Root is not budgeted: it can fill the disk without the broker, it owns the vault, and its
+    /// bulk work (imports, scripts) must not be refused.
+    private func withBucket<R>(_ uid: UInt32, _ body: (inout Bucket) -> R) -> R? {
+        guard uid != 0 else { return nil }
         let now = currentMicroseconds()
         return buckets.withLock { all in
             var b = all[uid] ?? Bucket(tokens: Double(Self.burstBytes), stamp: now)
@@ -55,7 +58,7 @@ final class AuditBudget: Sendable {
             if b.tokens > 0 { return true }
             b.refused += 1
             return false
-        }
+        } ?? true
     }
 
     /// Counts a request refused without an entry of its own (e.g. at the connection cap).
@@ -116,16 +119,9 @@ extension Broker {
         for (uid, count) in budget.takeBursts(all: all) {
             let record = AuditRecord(callerUID: uid, callerPID: 0, executable: "", operation: .refusedBurst,
                                      decision: .denied, reason: "count=\(count)", outcome: .busy)
-            let ok = withStore { store -> Bool in
-                do throws(StoreError) {
-                    try store.append(record)
-                    return true
-                } catch {
-                    return false
-                }
+            if case .failure = transact(record, { (store) throws(StoreError) in try store.append(record) }) {
+                budget.restore(uid: uid, count: count)
             }
-            committed(record, ok)
-            if !ok { budget.restore(uid: uid, count: count) }
         }
     }
 }

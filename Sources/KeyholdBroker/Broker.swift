@@ -14,19 +14,41 @@ public final class Broker: Sendable {
     let budget = AuditBudget()
     let reserve: FreeSpaceReserve
     let leases = RotationLeases()
+    /// How the vault key is kept, for `keyhold status`.
+    let protection: VaultProtection
+    /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).
+    let anchor: RollbackAnchor?
+    /// With the TPM protector: the NV counter, advanced after changes that matter.
+    let counter: TPMRollbackCounter?
     private let store: Mutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
-    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve) {
+    init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
+         protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
+         counter: TPMRollbackCounter? = nil) {
+        self.reserve = reserve
+        self.protection = protection
+        self.anchor = anchor
+        self.counter = counter
         self.store = Mutex(store)
         self.gate = gate
         self.syslog = syslog
-        self.reserve = reserve
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
-        store.withLock { body($0) }
+        store.withLock { store in
+            let result = body(store)
+            advanceRollbackGuards(store)
+            return result
+        }
+    }
+
+    /// After every store call, still under the lock and before any member of a group commit
+    /// is answered: the TPM counter and the anchor file follow the committed head.
+    private func advanceRollbackGuards(_ store: VaultStore) {
+        counter?.advance(store)
+        anchor?.advance(store)
     }
 
     /// Commits one audit entry. False when it could not be written: the caller then answers
@@ -53,7 +75,7 @@ public final class Broker: Sendable {
                 result = .failure(error)
                 return false
             }
-        }, withStore: { work in store.withLock { work($0) } })
+        }, withStore: { work in withStore(work) })
         if case .success(let value) = result, !committed {
             discard(value)
             result = .failure(.auditWriteFailed)
@@ -74,22 +96,6 @@ public final class Broker: Sendable {
         } else {
             log("audit entry could not be written; request refused")
             syslog.send("audit-unavailable op=\(record.operation.rawValue) uid=\(record.callerUID) pid=\(record.callerPID)")
-        }
-    }
-
-    func recordFailure(uid: UInt32) {
-        withStore { store in
-            let now = currentMicroseconds()
-            let current = (try? store.lockout(uid: uid)) ?? LockoutRecord(uid: uid)
-            try? store.setLockout(ReleaseGate.afterFailure(current, now: now))
-        }
-    }
-
-    func recordSuccess(uid: UInt32) {
-        withStore { store in
-            if let current = try? store.lockout(uid: uid), current.failures > 0 || current.lockedUntil > 0 {
-                try? store.setLockout(LockoutRecord(uid: uid))
-            }
         }
     }
 

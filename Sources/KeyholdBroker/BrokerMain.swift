@@ -22,21 +22,39 @@ public enum BrokerMain {
             }
         }
         harden()
-
-        let store: VaultStore
-        do throws(StoreError) {
-            store = try VaultStore.open(stateDirectory: options.stateDirectory)
-        } catch {
-            fail("cannot open the vault in \(options.stateDirectory): \(error)")
-        }
         // The PAM helper is this same binary, by absolute path (re-executed as --pam-helper).
         guard let helper = CallerFacts.read(pid: getpid())?.executable, helper.hasPrefix("/") else {
             fail("cannot resolve /proc/self/exe")
         }
+        if let target = options.migrateKeyProtector {
+            do throws(StoreError) {
+                print(try KeyProtectorMigration.run(to: target, options: options, executable: helper))
+                exit(0)
+            } catch {
+                fail("cannot migrate the key protector of \(options.stateDirectory): \(error)")
+            }
+        }
+
+        let store: VaultStore
+        let protector: KeyProtectorKind
+        do throws(StoreError) {
+            protector = try KeyProtectorSetup.resolve(options)
+            store = try VaultStore.open(stateDirectory: options.stateDirectory,
+                                        keyProtector: KeyProtectorSetup.protector(protector, options))
+            if let record = KeyProtectorSetup.startAudit(protector, options, executable: helper) { try store.append(record) }
+        } catch {
+            fail("cannot open the vault in \(options.stateDirectory): \(error)")
+        }
+        let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
+        if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
+        let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
+        if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
         let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
                             syslog: AuditSyslog(socketPath: options.syslogSocket),
-                            reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve))
+                            reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve),
+                            protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
+                            anchor: anchor, counter: counter)
 
         let listener: Int32
         do throws(ListenerError) {
@@ -52,6 +70,7 @@ public enum BrokerMain {
                 broker.flushRefusedBursts()
             }
         }
+        broker.log(KeyProtectorSetup.startLine(protector, options))
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }
@@ -103,7 +122,7 @@ public enum BrokerMain {
         }
     }
 
-    static func fail(_ message: String, code: Int32 = 1) -> Never {
+    public static func fail(_ message: String, code: Int32 = 1) -> Never {
         let text = "keyholdd: \(message)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
         exit(code)

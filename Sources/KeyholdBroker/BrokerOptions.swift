@@ -1,3 +1,7 @@
+import KeyholdCore
+import KeyholdVault
+import KeyholdTPM
+
 /// Command line of `keyholdd`. Small on purpose: every option is one an administrator or a
 /// test needs, none weakens the vault.
 public struct BrokerOptions: Sendable, Equatable {
@@ -14,11 +18,26 @@ public struct BrokerOptions: Sendable, Equatable {
     /// Free space (bytes) kept on the state directory's file system for the broker's own audit
     /// writes: item writes that would eat into it are refused.
     public var freeSpaceReserve: UInt64 = 64 << 20
+    /// How the vault key is kept at rest (see KeyProtectorSetup).
+    public var keyProtector = KeyProtectorChoice.auto
+    /// The TSS TCTI of the TPM: the kernel's resource manager unless told otherwise.
+    public var tpmTCTI = TPMDevice.defaultTCTI
+    /// PCRs a newly sealed key is bound to (none by default: see SECURITY.md for the trade-off).
+    public var tpmPCRs = PCRSelection.none
+    /// Convert the vault key to this protector and exit, instead of serving.
+    public var migrateKeyProtector: KeyProtectorKind?
+    /// A file outside the state directory that records the audit head (rollback detection
+    /// without a TPM), and the administrator's decision to serve a vault that is behind it.
+    public var rollbackAnchor: String?
+    public var acceptRollback = false
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
                         [--pam-dir DIR] [--fprint-state-dir DIR] [--syslog-socket PATH]
                         [--free-space-reserve BYTES]
+                        [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
+                        [--rollback-anchor PATH [--accept-rollback]]
+               keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
         request. Runs as root (or the vault's owner); refuses a state directory or key file that
@@ -32,6 +51,14 @@ public struct BrokerOptions: Sendable, Equatable {
           --syslog-socket PATH    where audit copies go (default /dev/log, facility authpriv)
           --free-space-reserve BYTES  free space kept for audit entries; item writes that
                                   would eat into it are refused (default 67108864, 64 MiB)
+          --key-protector KIND    tpm: the vault key sealed by the TPM; file: vault.key on disk;
+                                  auto (default): what the vault has, else tpm if /dev/tpmrm0 exists
+          --tpm-tcti CONF         TSS TCTI of the TPM (default device:/dev/tpmrm0; swtpm:path=S)
+          --tpm-pcrs LIST         bind a newly sealed key to these SHA-256 PCRs, e.g. 0,7
+          --migrate-key-protector KIND  convert the vault key to KIND (crash-safe) and exit
+          --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
+                                  refuse a vault restored from an older copy
+          --accept-rollback       serve such a vault anyway (audited), and re-anchor it
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }
@@ -61,6 +88,18 @@ public struct BrokerOptions: Sendable, Equatable {
                 let v = try value(a)
                 guard let m = UInt32(v, radix: 8), m <= 0o777 else { throw .bad("--socket-mode wants an octal mode such as 660") }
                 socketMode = m
+            case "--key-protector":
+                guard let k = KeyProtectorChoice(rawValue: try value(a)) else { throw .bad("--key-protector wants auto, tpm or file") }
+                keyProtector = k
+            case "--tpm-tcti": tpmTCTI = try value(a)
+            case "--rollback-anchor": rollbackAnchor = try value(a)
+            case "--accept-rollback": acceptRollback = true
+            case "--tpm-pcrs":
+                guard let p = PCRSelection(list: try value(a)) else { throw .bad("--tpm-pcrs wants PCR numbers 0-23 such as 0,7") }
+                tpmPCRs = p
+            case "--migrate-key-protector":
+                guard let k = KeyProtectorKind(rawValue: try value(a)) else { throw .bad("--migrate-key-protector wants tpm or file") }
+                migrateKeyProtector = k
             default: throw .bad("unknown option '\(a)'")
             }
             i += 1

@@ -43,6 +43,4 @@ final class ConnectionSlots: Sendable {
             if uid != 0 { s.shared -= 1 }
         }
     }
-
-    func count(uid: UInt32) -> Int { state.withLock { $0.perUID[uid, default: 0] } }
 }

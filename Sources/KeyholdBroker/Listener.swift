@@ -96,20 +96,14 @@ enum Listener {
     }
 
     /// A *busy* answer without reading the request: whatever the client already sent is
-    /// drained first (so closing does not reset its connection), then one frame, then close.
-    /// Never blocks the accept loop.
+    /// drained first (so closing does not reset its connection), then one small frame into the
+    /// new socket's empty send buffer, then close. Never blocks the accept loop.
     static func answerBusy(_ fd: Int32) {
         var scratch = [UInt8](repeating: 0, count: 4096)
         for _ in 0..<32 where recv(fd, &scratch, scratch.count, Int32(MSG_DONTWAIT)) > 0 {}
         let payload = BrokerMessage.response(Response(.busy, detail: "too many connections from this user; try again shortly")).encode()
-        let framed = [UInt8](repeating: 0, count: 4)
-        var bytes = framed
-        let n = payload.count
-        bytes[0] = UInt8(truncatingIfNeeded: n >> 24); bytes[1] = UInt8(truncatingIfNeeded: n >> 16)
-        bytes[2] = UInt8(truncatingIfNeeded: n >> 8); bytes[3] = UInt8(truncatingIfNeeded: n)
-        payload.withUnsafeBytes { bytes.append(contentsOf: $0) }
+        try? Frame.write(payload, to: fd)
         payload.wipe()
-        _ = send(fd, bytes, bytes.count, Int32(MSG_DONTWAIT) | Int32(MSG_NOSIGNAL))
         shutdown(fd, Int32(SHUT_WR))
         _ = recv(fd, &scratch, scratch.count, Int32(MSG_DONTWAIT))
         close(fd)

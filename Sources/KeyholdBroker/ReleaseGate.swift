@@ -45,6 +45,8 @@ final class ReleaseGate: Sendable {
 
     let authenticator: PAMAuthenticator
     let fprintStateDirectory: String
+    /// Attempts reserved before PAM runs (AuthenticationAttempt.swift).
+    let attempts = AuthenticationLedger()
     private let reuse = Mutex<[ReuseKey: ReuseGrant]>([:])
 
     init(authenticator: PAMAuthenticator, fprintStateDirectory: String) {
@@ -121,9 +123,11 @@ final class ReleaseGate: Sendable {
 
     /// Runs the authentication an item's policy demands. Returns how it was satisfied, or a
     /// denial. `conversation` relays PAM messages to the caller; `interruptFD` is the caller's
-    /// socket, which becomes readable when the caller cancels or goes away.
+    /// socket, which becomes readable when the caller cancels or goes away. `lockout` is an
+    /// early look (no prompt for a uid already locked out); `reserve` counts the attempt before
+    /// PAM runs and is what actually limits guesses.
     func authorize(_ item: StoredItem, caller: Caller, allowInteraction: Bool, lockout: LockoutRecord,
-                   recordFailure: () -> Void, recordSuccess: () -> Void,
+                   reserve: () -> Result<AuthenticationAttempt, Denial>,
                    interruptFD: Int32, announce: () -> Bool,
                    conversation: (PAMMessage) -> PAMAnswer) -> Result<AuthMethod, Denial> {
         let policy = item.access.policy
@@ -154,14 +158,23 @@ final class ReleaseGate: Sendable {
         // Everything from here needs the person: a finger, a password, or both.
         guard allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
         guard let user = caller.userName else { return .failure(Denial(.authenticationFailed, "the caller's uid has no account")) }
-        guard announce() else { return .failure(Denial(.userCanceled)) }
-
-        if !method.factors.contains(.reuse) && !constraints.isEmpty {
-            let stacks: [Stack]
+        let needsPAM = !method.factors.contains(.reuse) && !constraints.isEmpty
+        var stacks: [Stack] = []
+        var attempt: AuthenticationAttempt?
+        if needsPAM {
             switch plan(constraints, combinator: policy.combinator, state: state) {
             case .success(let s): stacks = s
             case .failure(let denial): return .failure(denial)
             }
+            // Counted before any guess is checked; every way out below but success keeps it counted.
+            switch reserve() {
+            case .success(let a): attempt = a
+            case .failure(let denial): return .failure(denial)
+            }
+        }
+        guard announce() else { return .failure(Denial(.userCanceled)) }
+
+        if needsPAM, let attempt {
             for stack in stacks {
                 let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: caller.tty, rhost: caller.remoteHost)
                 let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: interruptFD,
@@ -174,7 +187,6 @@ final class ReleaseGate: Sendable {
                     case .presence: method = method.adding(answered ? .password : .fingerprint)
                     }
                 case .failed:
-                    recordFailure()
                     return .failure(Denial(.authenticationFailed))
                 case .unavailable:
                     // No reader, no prints, or a remote session: for a biometric stack this is a
@@ -188,7 +200,7 @@ final class ReleaseGate: Sendable {
                     return .failure(Denial(.authenticationFailed, "authentication could not complete"))
                 }
             }
-            recordSuccess()
+            guard attempt.succeeded() else { return .failure(AuthenticationLedger.unrecorded) }
             reuse.withLock {
                 let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
                 var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)

@@ -104,6 +104,12 @@ struct Session {
             let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }
             broker.budget.charge(uid: caller.uid, bytes: (request.secret?.count ?? 0) + (request.appPassword?.count ?? 0) + texts + 512)
         }
+        var request = request
+        switch checkClaim(request) {
+        case .none: break
+        case .claimed(let r): request = r
+        case .refused(let d): return deny(request, .invalid, item: nil, d)
+        }
         switch request.operation {
         case .put: return put(request)
         case .get: return get(request)
@@ -116,6 +122,7 @@ struct Session {
         case .auditVerify: return auditVerify(request)
         case .auditPrune: return auditPrune(request)
         case .auditVerifyExport: return auditVerifyExport(request)
+        case .status: return status(request)
         case .rotate: return rotate(request)
         }
     }
@@ -150,13 +157,14 @@ struct Session {
 
     /// Runs the item's policy for this caller, relaying the conversation over this socket.
     func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
-        let lockout = broker.withStore { store -> LockoutRecord in
-            (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
+        let lockout: LockoutRecord
+        switch readLockout() {
+        case .success(let r): lockout = r
+        case .failure(let d): return .failure(d)
         }
         return broker.gate.authorize(
             item, caller: caller, allowInteraction: request.allowInteraction, lockout: lockout,
-            recordFailure: { broker.recordFailure(uid: caller.uid) },
-            recordSuccess: { broker.recordSuccess(uid: caller.uid) },
+            reserve: { broker.gate.attempts.reserve(uid: caller.uid, broker: broker) },
             interruptFD: fd,
             announce: {
                 // Who is asking (verified) and why (the caller's words), as separate fields, before any prompt.
@@ -214,6 +222,7 @@ struct Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
+        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
         var method: AuthMethod
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
@@ -225,13 +234,24 @@ struct Session {
         case .success(let p): appPassword = p
         }
         defer { appPassword?.wipe() }
-        if appPassword != nil { method = method.adding(.appPassword) }
+        // An application password is a guess too: counted before Argon2id checks it.
+        var attempt: AuthenticationAttempt?
+        if appPassword != nil {
+            method = method.adding(.appPassword)
+            switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
+            case .failure(let d): return deny(request, .get, item: item, d)
+            case .success(let a): attempt = a
+            }
+        }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         let opened: Result<SecureBytes, Denial>
         switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
             let secret = try store.openSecret(item, appPassword: appPassword)
+            // The password was right: give the attempt back before anything is released; if
+            // that cannot be written, nothing is released.
+            if let attempt, !attempt.succeededHoldingStore(store) { secret.wipe(); throw StoreError.auditWriteFailed }
             do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
             return secret
         }, discard: { $0.wipe() }) {
@@ -241,7 +261,6 @@ struct Session {
         }
         switch opened {
         case .success(let secret):
-            if appPassword != nil { broker.recordSuccess(uid: caller.uid) }
             var r = Response(.ok)
             r.secret = secret
             r.generation = item.generation
@@ -251,7 +270,6 @@ struct Session {
                 broker.log("audit entry could not be written; release refused")
                 return Response(.auditUnavailable)
             }
-            if d.outcome == .authenticationFailed { broker.recordFailure(uid: caller.uid) }
             return deny(request, .get, item: item, d)
         }
     }
@@ -298,32 +316,9 @@ struct Session {
         if let existing {
             guard request.update else { return deny(request, .put, item: existing, Denial(.duplicateItem)) }
             // Changing a protected item needs its *old* policy satisfied first.
-            switch authorize(existing, request) {
+            switch satisfyCurrentPolicy(of: existing, request) {
             case .failure(let d): return deny(request, op, item: existing, d)
             case .success(let m): method = m
-            }
-            if existing.access.policy.requiresAppPassword {
-                switch appPassword(for: existing, request) {
-                case .failure(let d): return deny(request, op, item: existing, d)
-                case .success(let old?):
-                    let ok: Result<Void, Denial> = broker.withStore { store in
-                        do throws(StoreError) {
-                            try store.openSecret(existing, appPassword: old).wipe()
-                            return .success(())
-                        } catch .appPasswordWrong {
-                            return .failure(Denial(.authenticationFailed, "wrong application password"))
-                        } catch {
-                            return .failure(Denial(error.outcome))
-                        }
-                    }
-                    old.wipe()
-                    if case .failure(let d) = ok {
-                        if d.outcome == .authenticationFailed { broker.recordFailure(uid: caller.uid) }
-                        return deny(request, op, item: existing, d)
-                    }
-                    method = method.adding(.appPassword)
-                case .success(nil): break
-                }
             }
         }
         var biometryState: [UInt8]?
@@ -349,18 +344,64 @@ struct Session {
         }
     }
 
+    /// What changing or removing an item needs: its current policy (allowed executables, PAM,
+    /// reuse) and, for `+app-password`, its application password, checked by opening it.
+    private func satisfyCurrentPolicy(of existing: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
+        var method: AuthMethod
+        switch authorize(existing, request) {
+        case .failure(let d): return .failure(d)
+        case .success(let m): method = m
+        }
+        guard existing.access.policy.requiresAppPassword else { return .success(method) }
+        let old: SecureBytes
+        switch appPassword(for: existing, request) {
+        case .failure(let d): return .failure(d)
+        case .success(let p?): old = p
+        case .success(nil): return .success(method)
+        }
+        defer { old.wipe() }
+        let attempt: AuthenticationAttempt
+        switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
+        case .failure(let d): return .failure(d)
+        case .success(let a): attempt = a
+        }
+        let ok: Result<Void, Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                try store.openSecret(existing, appPassword: old).wipe()
+                guard attempt.succeededHoldingStore(store) else { return .failure(AuthenticationLedger.unrecorded) }
+                return .success(())
+            } catch .appPasswordWrong {
+                return .failure(Denial(.authenticationFailed, "wrong application password"))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        if case .failure(let d) = ok { return .failure(d) }
+        method = method.adding(.appPassword)
+        return .success(method)
+    }
+
     private func delete(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
         let item: StoredItem
         switch lookup(ref) {
         case .failure(let d) where d.outcome == .integrityFailure:
-            return deleteDamaged(request, ref)
+            return deleteWithOwnerPassword(request, ref, intact: nil)
         case .failure(let d): return deny(request, .delete, item: nil, d)
         case .success(nil): return deny(request, .delete, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
-        // Like SecItemDelete, removing an item needs no authentication: the caller's uid owns it.
-        let audit = event(request, .delete, item: item, decision: .granted, outcome: .ok).record()
+        // Unlike SecItemDelete, a gated item is removed only after its policy is satisfied:
+        // otherwise `rm` and `put` would replace it without the policy (issue 8, item 5).
+        var method = AuthMethod.none
+        switch satisfyCurrentPolicy(of: item, request) {
+        case .failure(let d) where d.outcome == .invalidated:
+            // Its policy can never be satisfied again: its owner clears it with their password.
+            return deleteWithOwnerPassword(request, ref, intact: item)
+        case .failure(let d): return deny(request, .delete, item: item, d)
+        case .success(let m): method = m
+        }
+        let audit = event(request, .delete, item: item, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(audit) { (store) throws(StoreError) in
             try store.delete(item, audit: audit)
         }.mapError { Denial($0.outcome) }
@@ -371,21 +412,52 @@ struct Session {
         }
     }
 
-    /// `rm` of an item that no longer opens: the row the caller's own blind index names is
-    /// removed (the caller could remove the intact item just the same), recorded as an error
-    /// decision with the integrity outcome so the audit shows what happened.
-    private func deleteDamaged(_ request: Request, _ ref: ItemReference) -> Response {
-        let audit = event(request, .delete, decision: .error, outcome: .integrityFailure).record()
+    /// `rm` of an item whose policy cannot be checked any more: one that no longer opens
+    /// (`intact` nil: the row the caller's own blind index names is removed, audited as an
+    /// error with the integrity outcome) or one that is invalidated. Either needs the owner's
+    /// account password first, so a same-user program cannot clear a damaged item and store
+    /// its own under the name without the person.
+    private func deleteWithOwnerPassword(_ request: Request, _ ref: ItemReference, intact: StoredItem?) -> Response {
+        let method: AuthMethod
+        switch ownerPassword(ref, request) {
+        case .failure(let d): return deny(request, .delete, item: intact, d)
+        case .success(let m): method = m
+        }
+        let audit = intact == nil
+            ? event(request, .delete, decision: .error, method: method, outcome: .integrityFailure).record()
+            : event(request, .delete, item: intact, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(audit) { (store) throws(StoreError) in
-            try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+            if let intact {
+                try store.delete(intact, audit: audit)
+            } else {
+                try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+            }
         }.mapError { Denial($0.outcome) }
         switch result {
         case .success:
-            return Response(.ok, detail: "the item was damaged; it has been removed")
+            return Response(.ok, detail: intact == nil ? "the item was damaged; it has been removed" : nil)
         case .failure(let d) where d.outcome == .auditUnavailable:
             return Response(.auditUnavailable)
-        case .failure(let d): return deny(request, .delete, item: nil, d)
+        case .failure(let d): return deny(request, .delete, item: intact, d)
         }
+    }
+
+    /// The caller's own account password (stack keyhold-passcode), counted like any attempt.
+    private func ownerPassword(_ ref: ItemReference, _ request: Request) -> Result<AuthMethod, Denial> {
+        let lockout: LockoutRecord
+        switch readLockout() {
+        case .success(let r): lockout = r
+        case .failure(let d): return .failure(d)
+        }
+        return broker.gate.authorizeOwner(
+            caller: caller, allowInteraction: request.allowInteraction, lockout: lockout,
+            reserve: { broker.gate.attempts.reserve(uid: caller.uid, broker: broker) },
+            interruptFD: fd,
+            announce: {
+                send(.notice(Notice(announcing: Announcement(executable: caller.executable, pid: caller.pid, service: ref.service,
+                                                             account: ref.account, reason: request.reason))))
+            },
+            conversation: relay)
     }
 
     /// Metadata of the caller's items, read and sent page by page: the store is held only
@@ -428,8 +500,10 @@ struct Session {
     private func state(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
         var r = Response(.ok)
-        let lockout = broker.withStore { store -> LockoutRecord in
-            (try? store.lockout(uid: caller.uid)) ?? LockoutRecord(uid: caller.uid)
+        let lockout: LockoutRecord
+        switch readLockout() {
+        case .success(let l): lockout = l
+        case .failure(let d): return deny(request, .state, item: nil, d)
         }
         r.secondsLeft = ReleaseGate.lockoutLeft(lockout, now: currentMicroseconds())
         switch lookup(ref) {
@@ -452,6 +526,12 @@ struct Session {
             guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
             return r
         }
+    }
+
+    /// Anyone may ask how the vault is protected; nothing about items.
+    private func status(_ request: Request) -> Response {
+        guard broker.audit(event(request, .status, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok, detail: broker.protection.statusText)
     }
 
     private func lock(_ request: Request) -> Response {
@@ -486,6 +566,12 @@ struct Session {
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
         let filter = request.item.map { (service: $0.service, account: $0.account) }
         var afterSeq = request.afterSeq
+        // A user numbers entries among their own (see auditEntries): resume after their own number.
+        if let uid = visibleTo, let own = request.afterSeq {
+            let translated: Int64? = broker.withStore { store in try? store.auditSeq(uid: uid, own: own) }
+            guard let translated else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
+            afterSeq = translated
+        }
         var sent = 0
         while true {
             let page: Result<[AuditEntryView], Denial> = broker.withStore { store in
@@ -501,11 +587,12 @@ struct Session {
             var reachedUntil = false
             for v in views {
                 if let until = request.until, v.time > until { reachedUntil = true; break }
+                // Only root sees the log's own numbering and MACs; a user, their own numbers.
                 infos.append(AuditEntryInfo(
-                    seq: v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
+                    seq: v.ownSeq ?? v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
                     operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
                     decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome,
-                    mac: Hex.encode(v.mac), previousMAC: ""))
+                    mac: visibleTo == nil ? Hex.encode(v.mac) : "", previousMAC: ""))
             }
             for batch in BrokerMessage.auditBatches(infos) {
                 guard send(batch) else { return Response(.ok) }
@@ -524,10 +611,23 @@ struct Session {
         return r
     }
 
+    /// Checks the whole chain. Root is told how many entries and where it breaks; a user is
+    /// told about their own entries only (how many, and where only if the first bad entry is
+    /// theirs), so verifying reveals nothing of others' activity.
     private func auditVerify(_ request: Request) -> Response {
-        let result: Result<AuditVerification, Denial> = broker.withStore { store in
+        let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
+        let result: Result<(AuditVerification, count: Int64, badOwn: Int64?), Denial> = broker.withStore { store in
             do throws(StoreError) {
-                return .success(try store.verifyAudit())
+                let v = try store.verifyAudit()
+                guard let uid = visibleTo else {
+                    if case .intact(let n) = v { return .success((v, n, nil)) }
+                    if case .broken(let seq, _) = v { return .success((v, 0, seq)) }
+                    return .success((v, 0, nil))
+                }
+                let count = try store.auditEntryCount(uid: uid)
+                var badOwn: Int64?
+                if case .broken(let seq, _) = v { badOwn = try store.auditOwnSeq(uid: uid, seq: seq) }
+                return .success((v, count, badOwn))
             } catch {
                 return .failure(Denial(error.outcome))
             }
@@ -535,12 +635,12 @@ struct Session {
         var r: Response
         switch result {
         case .failure(let d): return deny(request, .auditVerify, item: nil, d)
-        case .success(.intact(let count)):
+        case .success((.intact, let count, _)):
             r = Response(.ok)
             r.count = UInt64(count)
-        case .success(.broken(let seq, let problem)):
+        case .success((.broken(_, let problem), _, let bad)):
             r = Response(.integrityFailure, detail: problem.rawValue)
-            r.firstBadSeq = UInt64(max(seq, 0))
+            r.firstBadSeq = bad.map { UInt64(max($0, 0)) }
         }
         // Recorded after the check, so the entry itself is not part of what was verified.
         guard broker.audit(event(request, .auditVerify, decision: .granted, outcome: r.outcome)) else { return Response(.auditUnavailable) }

@@ -64,7 +64,6 @@ extension Session {
         case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
         case .success(let s): secret = s
         }
-        if appPassword != nil { broker.recordSuccess(uid: caller.uid) }
         if current.generation != item.generation {
             var r = Response(.ok)
             r.secret = secret
@@ -84,15 +83,23 @@ extension Session {
     /// Opens the secret and commits its release entry; nothing is returned before that entry is in.
     private func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
                          appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
+        // An application password is a guess: counted before Argon2id checks it (as in `get`).
+        var attempt: AuthenticationAttempt?
+        if appPassword != nil {
+            switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
+            case .failure(let d): return .failure(d)
+            case .success(let a): attempt = a
+            }
+        }
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
             let secret = try store.openSecret(item, appPassword: appPassword)
+            if let attempt, !attempt.succeededHoldingStore(store) { secret.wipe(); throw StoreError.auditWriteFailed }
             do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
             return secret
         }, discard: { $0.wipe() }) {
         case .success(let secret): return .success(secret)
         case .failure(.appPasswordWrong):
-            broker.recordFailure(uid: caller.uid)
             return .failure(Denial(.authenticationFailed, "wrong application password"))
         case .failure(let error): return .failure(Denial(error.outcome))
         }

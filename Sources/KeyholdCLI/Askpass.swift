@@ -7,7 +7,7 @@ import KeyholdCore
 /// means the person canceled. A program that prints more than `Limits.maxAnswerBytes` before
 /// its newline, or takes longer than the time limit, is killed and counts as canceled: it can
 /// never hang the CLI.
-enum Askpass {
+public enum Askpass {
     static let timeLimitSeconds: Int64 = 120
 
     /// `KEYHOLD_ASKPASS_TIMEOUT` (seconds) is a test knob, documented as such in the README: it
@@ -19,7 +19,7 @@ enum Askpass {
         return timeLimitSeconds * 1000
     }
 
-    static func ask(_ program: String, prompt: String) -> SecureBytes? {
+    public static func ask(_ program: String, prompt: String) -> SecureBytes? {
         let deadline = MonotonicClock.milliseconds() + timeLimitMilliseconds()
         var fds: [Int32] = [-1, -1]
         // Close-on-exec: only the child's stdout (a dup made by posix_spawn) holds the write end,

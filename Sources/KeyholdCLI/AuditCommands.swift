@@ -15,7 +15,8 @@ enum AuditCommands {
 
     static func itemFilter(_ c: ParsedCommand) throws(KeyholdError) -> (service: String, account: String)? {
         guard let text = c.value("--item") else { return nil }
-        guard let slash = text.firstIndex(of: "/"), slash != text.startIndex, text.index(after: slash) != text.endIndex else {
+        // The last `/`: service names such as git's `git:https://host/path` contain slashes.
+        guard let slash = text.lastIndex(of: "/"), slash != text.startIndex, text.index(after: slash) != text.endIndex else {
             throw .invalidRequest("--item wants SERVICE/ACCOUNT")
         }
         return (String(text[..<slash]), String(text[text.index(after: slash)...]))
@@ -70,7 +71,9 @@ enum AuditCommands {
             Output.out("audit chain verified: \(v.count) entries\n")
             return 0
         }
-        Output.out("audit chain BROKEN at entry \(v.firstBadSeq.map(String.init) ?? "?"): \(Printable.escape(v.problem ?? "altered"))\n")
+        // A user is told where only when the first bad entry is one of theirs.
+        let at = v.firstBadSeq.map { " at entry \($0)" } ?? ""
+        Output.out("audit chain BROKEN\(at): \(Printable.escape(v.problem ?? "altered"))\n")
         return Int32(Outcome.integrityFailure.rawValue)
     }
 
@@ -92,7 +95,8 @@ enum AuditCommands {
         var writeError: Int32 = 0
         func put(_ line: String) {
             guard written else { return }
-            written = writeAll(fd, line + "\n")
+            // All of it or a failure: a full disk must not leave a silent gap.
+            written = DescriptorIO.writeAll(fd, line + "\n") == 0
             if !written { writeError = errno }
         }
         let count: UInt64
@@ -110,18 +114,6 @@ enum AuditCommands {
         Output.err("exported \(count) entries to \(path)")
     }
 
-    /// Writes all of `text`; false on any failure (a full disk must not leave a silent gap).
-    static func writeAll(_ fd: Int32, _ text: String) -> Bool {
-        var bytes = Array(text.utf8)
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeMutableBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { return false }
-            done += n
-        }
-        return true
-    }
 
     /// `audit verify --export FILE`: the broker checks the file's rows with its audit key.
     static func verifyExport(_ vault: Vault, path: String) throws(KeyholdError) -> Int32 {

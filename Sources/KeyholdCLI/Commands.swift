@@ -28,7 +28,10 @@ public enum KeyholdCommand {
                 OptionSpec("--json", help: "one JSON object: secret (base64), generation, expires"),
             ], summary: "Writes the item's secret, exactly as stored, to standard output."),
             RotateCommand.spec,
-            CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], summary: "Removes an item."),
+            CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], options: [
+                OptionSpec("--reason", value: "TEXT", help: "why the item is removed (shown and audited)"),
+                OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
+            ], summary: "Removes an item, after its policy is satisfied (a damaged or invalidated item: after your password)."),
             CommandSpec("ls", options: [OptionSpec("--json", help: "one JSON object per line")],
                         summary: "Lists your items' metadata (never a secret)."),
             CommandSpec("state", positionals: ["SERVICE", "ACCOUNT"], summary: """
@@ -36,6 +39,7 @@ public enum KeyholdCommand {
                 Never prompts.
                 """),
             CommandSpec("lock", summary: "Ends every authentication reuse window of yours at once."),
+            CommandSpec("status", summary: "Shows how the broker protects the vault: key protector (tpm or file), rollback detection."),
             CommandSpec("biometry", summary: "Shows your fingerprint reader, enrolled fingers, and items bound to them."),
             CommandSpec("audit", options: [
                 OptionSpec("--json", help: "JSON Lines instead of a table"),
@@ -82,10 +86,13 @@ public enum KeyholdCommand {
             case "put": try put(vault, c)
             case "get": try get(vault, c)
             case "rotate": try RotateCommand.run(vault, c, command: RotateCommand.split(arguments).command)
-            case "rm": try vault.delete(service: c.positionals[0], account: c.positionals[1])
+            case "rm":
+                try vault.delete(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
+                                 interaction: c.flag("--no-interaction") ? nil : PromptInteraction())
             case "ls": try list(vault, json: c.flag("--json"))
             case "state": try state(vault, c)
             case "lock": try vault.lock()
+            case "status": Output.out(try vault.protectionStatus() + "\n")
             case "biometry": try biometry(vault)
             case "audit": try AuditCommands.show(vault, c)
             case "audit verify":
@@ -184,16 +191,7 @@ public enum KeyholdCommand {
         let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
                                       reason: c.value("--reason"), interaction: interaction)
         defer { secret.wipe() }
-        let ok = secret.withUnsafeBytes { raw -> Bool in
-            var done = 0
-            while done < raw.count {
-                let n = write(1, raw.baseAddress! + done, raw.count - done)
-                if n < 0 && errno == EINTR { continue }
-                if n <= 0 { return false }
-                done += n
-            }
-            return true
-        }
+        let ok = secret.withUnsafeBytes { DescriptorIO.writeAll(1, $0) == 0 }
         if !ok { throw .other("could not write the secret to standard output") }
     }
 
@@ -229,7 +227,9 @@ public enum KeyholdCommand {
     static func biometry(_ vault: Vault) throws(KeyholdError) {
         let info = try vault.biometry()
         // The reader's and fingers' names come from the bus: shown escaped like any peer's text.
-        Output.out("reader: \(Printable.escape(info.reader ?? "unknown"))\n")
+        // The broker keeps no D-Bus client (it runs as root); the reader's name is asked here.
+        let reader = info.reader ?? BiometryReader.readerDescription()
+        Output.out("reader: \(Printable.escape(reader ?? "unknown"))\n")
         Output.out("enrolled fingers: \(info.enrolledFingers.isEmpty ? "none" : info.enrolledFingers.map { Printable.escape($0) }.joined(separator: ", "))\n")
         Output.out("items bound to the current set (invalidated by any change): \(info.itemsBoundToCurrentSet)\n")
     }

@@ -5,11 +5,23 @@ import KeyholdCore
 /// `keyhold demo`: a real broker on a temporary vault with a demo-only PAM stack (pam_matrix
 /// with a demo password, so no real account is touched): put → gated get → ls → audit.
 enum Demo {
-    static let pamMatrix = "/usr/lib/x86_64-linux-gnu/pam_wrapper/pam_matrix.so"
     static let demoPassword = "keyhold-demo"
 
+    /// pam_matrix.so from libpam-wrapper, in /usr/lib/<multiarch>/pam_wrapper/ on any Debian
+    /// architecture (outside libpam's module directory, so it is named by its full path).
+    static func findPAMMatrix() -> String? {
+        guard let d = opendir("/usr/lib") else { return nil }
+        defer { closedir(d) }
+        var candidates = ["/usr/lib/pam_wrapper/pam_matrix.so"]
+        while let e = readdir(d) {
+            let name = withUnsafeBytes(of: e.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if !name.hasPrefix(".") { candidates.append("/usr/lib/\(name)/pam_wrapper/pam_matrix.so") }
+        }
+        return candidates.sorted().first { access($0, R_OK) == 0 }
+    }
+
     static func run(nonInteractive: Bool) -> Int32 {
-        guard access(pamMatrix, R_OK) == 0 else {
+        guard let pamMatrix = findPAMMatrix() else {
             Output.err("the demo needs pam_matrix from Debian's libpam-wrapper package (apt-get install libpam-wrapper)")
             return 1
         }
@@ -43,7 +55,9 @@ enum Demo {
         let log = open("\(dir)/broker.log", O_WRONLY | O_CREAT | O_CLOEXEC, 0o600)
         defer { close(log) }
         guard let pid = Subprocess.spawn(broker, ["--state-dir", "\(dir)/state", "--socket", socket, "--pam-dir", "\(dir)/pam",
-                                                  "--fprint-state-dir", "\(dir)/no-prints"], stderrFD: log) else {
+                                                  "--fprint-state-dir", "\(dir)/no-prints",
+                                                  // A throwaway vault must not take a counter in a real TPM.
+                                                  "--key-protector", "file"], stderrFD: log) else {
             Output.err("cannot start keyholdd")
             return 1
         }
@@ -69,12 +83,7 @@ enum Demo {
         do throws(KeyholdError) {
             let token = SecureBytes.random(count: 24)
             let hex = SecureBytes(count: 48)
-            hex.withUnsafeMutableBytes { out in
-                token.withUnsafeBytes { raw in
-                    let digits = Array("0123456789abcdef".utf8)
-                    for (i, b) in raw.enumerated() { out[2 * i] = digits[Int(b >> 4)]; out[2 * i + 1] = digits[Int(b & 15)] }
-                }
-            }
+            hex.withUnsafeMutableBytes { out in token.withUnsafeBytes { Hex.encode($0, into: out) } }
             try vault.add(hex, service: "oauth.example.com", account: user, label: "demo refresh token", kind: .refreshToken,
                           access: AccessControl(policy: Policy(constraints: [.devicePasscode])))
             Output.out("1. put    oauth.example.com / \(user): a \(hex.count)-byte refresh token, policy device-passcode\n")

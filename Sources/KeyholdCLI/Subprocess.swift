@@ -1,5 +1,6 @@
 import CKeyholdOS
 import Glibc
+import KeyholdCore
 
 /// Starting a child program without Foundation: posix_spawn with an explicit argv and
 /// environment. Used for the askpass program and for the demo's broker.
@@ -65,14 +66,5 @@ enum Subprocess {
             p += 1
         }
         return out
-    }
-}
-
-/// Monotonic time for deadlines (the wall clock may jump).
-enum MonotonicClock {
-    static func milliseconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
     }
 }

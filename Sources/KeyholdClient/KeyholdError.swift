@@ -1,7 +1,7 @@
 import KeyholdCore
 import KeyholdProtocol
 
-/// Every way a vault call can fail, one case per outcome of DESIGN.md. Descriptions never
+/// Every way a vault call can fail, one case per `Outcome`. Descriptions never
 /// contain a secret; the broker's detail text is included only where it adds a non-secret fact.
 public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case notFound

@@ -28,7 +28,7 @@ public struct BiometryInfo: Sendable {
     public let itemsBoundToCurrentSet: UInt64
 }
 
-public struct AuditVerification: Sendable {
+public struct AuditVerificationReport: Sendable {
     public let verified: Bool
     public let count: UInt64
     public let firstBadSeq: UInt64?
@@ -85,9 +85,18 @@ public struct Vault: Sendable {
         return secret
     }
 
-    /// Removes an item. Throws `.notFound` if there is none.
-    public func delete(service: String, account: String) throws(KeyholdError) {
-        _ = try perform(Request(.delete, item: ItemReference(service: service, account: account)), interaction: nil)
+    /// Removes an item, after satisfying its policy when it needs authentication or names
+    /// allowed executables (unlike `SecItemDelete`: removing a gated item and storing another
+    /// under its name would replace it without its policy). An item that no longer opens
+    /// (integrity) or is invalidated is removed after its owner's password. Without
+    /// `interaction` such removals fail with `.interactionNotAllowed`. Throws `.notFound` if
+    /// there is none.
+    public func delete(service: String, account: String, reason: String? = nil,
+                       interaction: Interaction? = nil) throws(KeyholdError) {
+        var r = Request(.delete, item: ItemReference(service: service, account: account))
+        r.reason = reason
+        r.allowInteraction = interaction != nil
+        _ = try perform(r, interaction: interaction)
     }
 
     /// Metadata of the caller's items. Never a secret.
@@ -110,6 +119,11 @@ public struct Vault: Sendable {
             throw .other("the broker sent an unknown item state")
         }
         return (state, response.secondsLeft)
+    }
+
+    /// How the broker protects the vault: `key-protector=KIND rollback-detection=...`.
+    public func protectionStatus() throws(KeyholdError) -> String {
+        try perform(Request(.status), interaction: nil).detail ?? ""
     }
 
     /// Ends every authentication reuse window of the caller at once.
@@ -135,14 +149,14 @@ public struct Vault: Sendable {
     }
 
     /// Verifies the whole audit chain in the broker.
-    public func verifyAudit() throws(KeyholdError) -> AuditVerification {
+    public func verifyAudit() throws(KeyholdError) -> AuditVerificationReport {
         let conn = try BrokerConnection(socketPath: socketPath)
         defer { conn.close() }
         let r = try conn.perform(Request(.auditVerify), interaction: nil)
         switch r.outcome {
-        case .ok: return AuditVerification(verified: true, count: r.count ?? 0, firstBadSeq: nil, problem: nil)
+        case .ok: return AuditVerificationReport(verified: true, count: r.count ?? 0, firstBadSeq: nil, problem: nil)
         case .integrityFailure:
-            return AuditVerification(verified: false, count: r.count ?? 0, firstBadSeq: r.firstBadSeq, problem: r.detail)
+            return AuditVerificationReport(verified: false, count: r.count ?? 0, firstBadSeq: r.firstBadSeq, problem: r.detail)
         default: throw KeyholdError(r)
         }
     }
@@ -181,7 +195,7 @@ public struct Vault: Sendable {
     /// line), then the rows that `nextRows` returns, in file order, until it returns nil. The
     /// answer is the number of entries verified, or the first bad seq (0: the header) and why.
     public func verifyAuditExport(header: AuditExportHeader,
-                                  nextRows: () throws(KeyholdError) -> [AuditEntryInfo]?) throws(KeyholdError) -> AuditVerification {
+                                  nextRows: () throws(KeyholdError) -> [AuditEntryInfo]?) throws(KeyholdError) -> AuditVerificationReport {
         var r = Request(.auditVerifyExport)
         r.exportHeader = header
         let conn = try BrokerConnection(socketPath: socketPath)
@@ -198,9 +212,9 @@ public struct Vault: Sendable {
         while true {
             guard case .response(let response) = try conn.receive() else { continue }
             switch response.outcome {
-            case .ok: return AuditVerification(verified: true, count: response.count ?? 0, firstBadSeq: nil, problem: nil)
+            case .ok: return AuditVerificationReport(verified: true, count: response.count ?? 0, firstBadSeq: nil, problem: nil)
             case .integrityFailure:
-                return AuditVerification(verified: false, count: 0, firstBadSeq: response.firstBadSeq, problem: response.detail)
+                return AuditVerificationReport(verified: false, count: 0, firstBadSeq: response.firstBadSeq, problem: response.detail)
             default: throw KeyholdError(response)
             }
         }
@@ -240,7 +254,7 @@ public struct Vault: Sendable {
         _ = try perform(r, interaction: interaction)
     }
 
-    private func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
+    func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
         try checkItemNames(request)

@@ -66,16 +66,8 @@ public enum Frame {
     }
 
     static func writeFully(_ fd: Int32, _ buf: UnsafeRawBufferPointer) throws(FrameError) {
-        var done = 0
-        while done < buf.count {
-            // MSG_NOSIGNAL: a peer that went away is an error to handle, not a SIGPIPE.
-            let r = Glibc.send(fd, buf.baseAddress! + done, buf.count - done, Int32(MSG_NOSIGNAL))
-            if r < 0 {
-                if errno == EINTR { continue }
-                throw .io(errno)
-            }
-            done += r
-        }
+        let code = DescriptorIO.writeAll(fd, buf, socket: true)
+        if code != 0 { throw .io(code) }
     }
 }
 

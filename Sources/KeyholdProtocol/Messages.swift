@@ -6,6 +6,9 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     /// Checks an exported audit file: the request carries its header, `auditRows` batches
     /// and an `auditRowsEnd` marker follow on the same connection.
     case auditVerifyExport
+    /// How the vault is protected (key protector, rollback detection); the answer's `detail`
+    /// is `key-protector=KIND rollback-detection=none|tpm-counter`.
+    case status
     /// Rotation (see RotationMessages.swift): `rotationCurrent`, then the client's `rotated`.
     case rotate
 
@@ -47,6 +50,9 @@ public struct Request {
     public var withRows = false
     /// `auditVerifyExport`: the header of the file being checked.
     public var exportHeader: AuditExportHeader?
+    /// Set by the Secret Service agent: the pid the bus names as the D-Bus sender. A claim from
+    /// a same-user process, never an identity: the broker records it as claimed only.
+    public var claimedPID: Int32?
     /// `put --update`: only if the item is still at this generation (else *conflict*).
     public var ifGeneration: UInt64?
     /// `rotate`: the lease's lifetime, 1 to `Limits.maxRotationSeconds`.
@@ -265,9 +271,10 @@ private enum RequestTag {
     static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
     static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
     static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
-    static let ifGeneration: UInt8 = 24, timeout: UInt8 = 25, expires: UInt8 = 26
+    static let claimedPID: UInt8 = 24
+    static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27
     static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: Set<UInt8> = Set(1...26)
+    static let all: Set<UInt8> = Set(1...27)
 }
 
 private enum ResponseTag {
@@ -345,6 +352,7 @@ extension ClientMessage {
                 f.append(Field(RequestTag.throughMAC, .bytes(h.throughMAC)))
                 f.append(Field(RequestTag.exportTag, .bytes(h.tag)))
             }
+            if let pid = r.claimedPID { f.append(.number(RequestTag.claimedPID, UInt64(UInt32(bitPattern: pid)))) }
             if let v = r.ifGeneration { f.append(.number(RequestTag.ifGeneration, v)) }
             if let v = r.timeoutSeconds { f.append(.number(RequestTag.timeout, UInt64(v))) }
             if let v = r.expires { f.append(.number(RequestTag.expires, UInt64(bitPattern: v))) }
@@ -425,6 +433,10 @@ extension ClientMessage {
             r.afterSeq = try fs.number(RequestTag.afterSeq).map { Int64(bitPattern: $0) }
             r.follow = try fs.flag(RequestTag.follow)
             r.withRows = try fs.flag(RequestTag.withRows)
+            if let pid = try fs.number(RequestTag.claimedPID) {
+                guard pid > 0, pid <= UInt64(Int32.max) else { throw .malformed("claimed pid out of range") }
+                r.claimedPID = Int32(pid)
+            }
             if r.withRows && (op != .audit || r.follow || r.since != nil || r.afterSeq != nil || r.item != nil) {
                 throw .malformed("rows are for an audit export only, of the whole chain")
             }

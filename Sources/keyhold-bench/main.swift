@@ -14,6 +14,10 @@ func option(_ name: String, _ fallback: Int) -> Int {
     guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
     return v
 }
+if let i = args.firstIndex(of: "--verify-state"), i + 1 < args.count {
+    verifyExisting(args[i + 1], repeats: option("--repeat", 3))
+    exit(0)
+}
 let maxItems = option("--items", 100_000)
 let auditEntries = option("--audit-entries", 1_000_000)
 let bin = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? args[0])
@@ -52,7 +56,7 @@ defer { try? FileManager.default.removeItem(atPath: dir) }
 let state = dir + "/state", socketPath = dir + "/k.sock"
 let broker = Process()
 broker.executableURL = URL(fileURLWithPath: bin + "/keyholdd")
-broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir]
+broker.arguments = ["--state-dir", state, "--socket", socketPath, "--fprint-state-dir", dir, "--key-protector", "file"]
 broker.standardError = FileHandle.nullDevice
 try! broker.run()
 let vault = Vault(socketPath: socketPath)
@@ -186,6 +190,8 @@ report("broker RSS at \(stored) items", "\(rss(broker.processIdentifier) / 1024)
 let libraries = mappedLibraries(broker.processIdentifier)
 print("broker maps \(libraries.count) shared libraries: \(libraries.joined(separator: " "))")
 
+measureCredentialHelpers()
+
 broker.terminate()
 broker.waitUntilExit()
 
@@ -212,4 +218,5 @@ if auditEntries > 0 {
     report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
     store.close()
 }
+measureTPMCost(bin: bin)  // issue 13: what the TPM key protector adds (TPMCost.swift)
 print(String(repeating: "-", count: 100))

@@ -83,7 +83,7 @@ func fingerprintAuthenticate(user: String, confdir: String, env: FprintEnvironme
             var t = Array("/tmp/khpam-XXXXXX".utf8CString)
             guard let p = t.withUnsafeMutableBufferPointer({ mkdtemp($0.baseAddress!) }) else { throw POSIXError(.EIO) }
             path = String(cString: p)
-            try "auth required /lib/x86_64-linux-gnu/security/pam_fprintd.so max-tries=1 timeout=10\n"
+            try "auth required pam_fprintd.so max-tries=1 timeout=10\n"
                 .write(toFile: path + "/keyhold-fp-test", atomically: false, encoding: .utf8)
         }
         deinit { try? FileManager.default.removeItem(atPath: path) }

@@ -1,6 +1,7 @@
 import Foundation
 import KeyholdCore
 @testable import KeyholdAuth
+import KeyholdTestSupport
 
 /// Shared fixture of the PAM tests: the `pam/test` stacks of this repository, the keyholdd
 /// binary as helper, and one test passdb for the whole test process (PAM_MATRIX_PASSWD is
@@ -8,7 +9,7 @@ import KeyholdCore
 enum PAMFixture {
     static let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent()
-    static let testStacks = repoRoot.appendingPathComponent("pam/test").path
+    static let testStacks = PAMTestStacks.directory
     /// Under `swift test`, argv[0] is `.build/<triple>/debug/KeyholdPackageTests.xctest`.
     static let helper = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
         .appendingPathComponent("keyholdd").path

@@ -2,8 +2,9 @@ import Foundation
 import KeyholdCore
 import Testing
 @testable import KeyholdAuth
+import KeyholdTestSupport
 
-private let matrix = "/usr/lib/x86_64-linux-gnu/pam_wrapper/pam_matrix.so"
+private let matrix = PAMTestStacks.matrixModule
 
 /// A private service directory with one `custom` stack, removed at the end of the test.
 private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in }, _ body: (String) throws -> R) rethrows -> R {

@@ -113,6 +113,11 @@ import Testing
         let store = try openStore(dir)
         let first = try store.add(owner: 1000, NewItem(service: "svc", account: "acct"), secret: secret("a"), audit: record())
         #expect(first.generation == 1)
+        // A failed change (rolled back) leaves the record as it was.
+        #expect(throws: StoreError.duplicate) {
+            try store.add(owner: 1000, NewItem(service: "svc", account: "acct"), secret: secret("dup"), audit: record())
+        }
+        #expect(string(try store.openSecret(first)) == "a")
         let second = try store.replace(first, with: NewItem(service: "svc", account: "acct"), secret: secret("b"), audit: record(.update))
         #expect(second.generation == 2)
         #expect(throws: StoreError.conflict) {
@@ -129,5 +134,27 @@ import Testing
         let reopened = try openStore(dir)
         #expect(try reopened.item(owner: 1000, service: "svc", account: "acct")?.generation == third.generation)
         #expect(try reopened.verifyAudit() == .intact(count: 4))
+    }
+
+    /// In a group commit, a member undone after its `add` returned (its savepoint rolled back)
+    /// must not leave the in-memory record ahead of the database: the next writes would tag a
+    /// digest of items that do not exist, and after a restart every item would fail.
+    @Test func aRolledBackMemberDoesNotLeaveTheRecordBehind() throws {
+        let dir = TempDir()
+        let store = try openStore(dir)
+        let committed = store.groupTransaction {
+            _ = try? store.memberTransaction { () throws(StoreError) in
+                try store.add(owner: 1000, NewItem(service: "undone", account: "a"), secret: secret("u"), audit: record())
+                throw StoreError.notFound
+            }
+        }
+        #expect(committed)
+        #expect(try store.item(owner: 1000, service: "undone", account: "a") == nil)
+        let kept = try store.add(owner: 1000, NewItem(service: "kept", account: "a"), secret: secret("k"), audit: record())
+        #expect(string(try store.openSecret(kept)) == "k")
+        store.close()
+        let reopened = try openStore(dir)
+        let again = try #require(try reopened.item(owner: 1000, service: "kept", account: "a"))
+        #expect(string(try reopened.openSecret(again)) == "k")
     }
 }

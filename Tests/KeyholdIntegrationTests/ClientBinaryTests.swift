@@ -24,6 +24,12 @@ import KeyholdTestSupport
         #expect(Self.has(broker, "libsqlite3"))
     }
 
+    /// Root keeps no D-Bus client: the hand-written one (SASL EXTERNAL) is in the CLI only.
+    @Test func theBrokerCarriesNoDBusClient() throws {
+        #expect(Self.has(try Self.contents(TestPaths.keyhold), "AUTH EXTERNAL"))
+        #expect(!Self.has(try Self.contents(TestPaths.keyholdd), "AUTH EXTERNAL"))
+    }
+
     /// The CLI is linked statically (start-up cost; README "Benchmark"): no program interpreter.
     @Test func theCLIIsStaticallyLinked() throws {
         let cli = try Self.contents(TestPaths.keyhold)

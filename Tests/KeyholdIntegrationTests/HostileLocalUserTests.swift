@@ -83,7 +83,9 @@ import KeyholdTestSupport
                 #expect(s.withUnsafeBytes { Array($0) } == Array("root-secret".utf8))
             })
         }
-        #expect(times.allSatisfy { $0 < 100 }, "root's gets took \(times) ms")
+        // The median within 100 ms (one get may lose the CPU to a parallel build on a loaded
+        // 2-core CI machine), and none anywhere near the 5 s a starved slot would cost.
+        #expect(times.sorted()[2] < 100 && times.allSatisfy { $0 < 1_000 }, "root's gets took \(times) ms")
         let theirs = b.cli(["get", "svc", "other"], asUser: other.name)
         #expect(theirs.status == 0 && theirs.stdoutText == "other-secret")
 
@@ -204,6 +206,18 @@ import KeyholdTestSupport
         }
         #expect(!auditEntries(b).contains { ($0["reason"] as? String).map(["relay", "passfd", "sendexec"].contains) == true
             && ($0["outcome"] as? String) == "ok" })
+    }
+
+    @Test func requestSentByAnotherUserOnRootsConnectionIsRefused() throws {
+        let user = try TestUser(prefix: "khx")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "root"], stdin: Array("root-only".utf8)).status == 0)
+        // Root connects; a child that has become the test user sends the request on that connection.
+        let r = runCommand("/usr/bin/python3", [Self.client, "crossuser", b.socketPath, "\(user.uid)", "svc", "root"])
+        let json = (try? JSONSerialization.jsonObject(with: Data(r.stdout))) as? [String: Any] ?? [:]
+        #expect(json["outcome"] as? String == "not-authorized" && json["released"] as? Bool == false, "\(r.stdoutText) \(r.stderr)")
+        let e = auditEntries(b).first { ($0["reason"] as? String) == "crossuser" }
+        #expect(e?["outcome"] as? String == "not-authorized" && e?["pid"] as? Int == json["sender"] as? Int, "\(String(describing: e))")
     }
 }
 

@@ -53,12 +53,12 @@ import KeyholdCore
         let rotate = request { _ in }
         let cases: [(String, [UInt8])] = [
             ("rotate without an item", bytes(ClientMessage.request(Request(.rotate)).encode())),
-            ("timeout 0", rotate + n(25, 0)),
-            ("timeout over the limit", rotate + n(25, UInt64(Limits.maxRotationSeconds) + 1)),
-            ("timeout on a get", request({ _ in }, .get) + n(25, 5)),
-            ("if-generation on a rotate", rotate + n(24, 1)),
-            ("if-generation on a put without --update", request({ $0.secret = SecureBytes(copying: [1]) }, .put) + n(24, 1)),
-            ("expiry on a rotate request", rotate + n(26, 1)),
+            ("timeout 0", rotate + n(26, 0)),
+            ("timeout over the limit", rotate + n(26, UInt64(Limits.maxRotationSeconds) + 1)),
+            ("timeout on a get", request({ _ in }, .get) + n(26, 5)),
+            ("if-generation on a rotate", rotate + n(25, 1)),
+            ("if-generation on a put without --update", request({ $0.secret = SecureBytes(copying: [1]) }, .put) + n(25, 1)),
+            ("expiry on a rotate request", rotate + n(27, 1)),
             ("rotate with a secret", request { $0.secret = SecureBytes(copying: [1]) }),
             ("rotate with an app password", request { $0.appPassword = SecureBytes(copying: [1]) }),
             ("rotate with a policy", request { $0.policy = "none" }),

@@ -1,10 +1,16 @@
 import Foundation
 import Glibc
 
+/// A test that writes to a child's stdin or a socket the broker already closed (a busy
+/// answer, a frame deadline) must see EPIPE, not kill the whole test process with SIGPIPE.
+/// Runs once, from every fixture and command helper.
+public let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN); return () }()
+
 /// Where the built products and the repository are, seen from a test process.
 public enum TestPaths {
     /// The directory holding `keyholdd` and `keyhold` (next to the test bundle).
     public static let products: String = {
+        ignoreBrokenPipes
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var dir = URL(fileURLWithPath: exe).deletingLastPathComponent()
         // swift-testing may run the bundle from inside <name>.xctest/…
@@ -63,6 +69,7 @@ public struct CommandResult: Sendable {
 @discardableResult
 public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [], environment: [String: String] = [:],
                        asUser: String? = nil) -> CommandResult {
+    ignoreBrokenPipes
     let p = Process()
     var args = arguments
     var exe = path
@@ -83,7 +90,8 @@ public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [
     p.standardError = errPipe
     do { try p.run() } catch { return CommandResult(status: -1, stdout: [], stderr: "cannot run \(path): \(error)") }
     let writer = Thread {
-        if !stdin.isEmpty { inPipe.fileHandleForWriting.write(Data(stdin)) }
+        // A command may exit without reading its stdin: EPIPE then, not a trap.
+        if !stdin.isEmpty { try? inPipe.fileHandleForWriting.write(contentsOf: Data(stdin)) }
         try? inPipe.fileHandleForWriting.close()
     }
     writer.start()
@@ -122,19 +130,21 @@ public final class BrokerFixture: @unchecked Sendable {
     public let pamDirectory: String
     public private(set) var process: Process?
     public var extraEnvironment: [String: String]
-    /// More `keyholdd` options (e.g. `--free-space-reserve`), after the fixture's own.
+    /// More `keyholdd` options (`--free-space-reserve`, a key protector, a TPM's TCTI), after
+    /// the fixture's own, at every start.
     public var extraArguments: [String]
     public let fprintStateDirectory: String?
 
     /// Passwords for pam_matrix: user → password.
     public init(passwords: [String: String] = ["root": "right-password"], environment: [String: String] = [:],
                 fprintStateDirectory: String? = nil, pamDirectory: String? = nil, extraArguments: [String] = []) throws {
+        ignoreBrokenPipes
         directory = TestPaths.temporaryDirectory("khb")
         chmod(directory, 0o755)  // an unprivileged test user must reach the socket
         stateDirectory = directory + "/state"
         socketPath = directory + "/k.sock"
         passdb = directory + "/passdb"
-        self.pamDirectory = pamDirectory ?? TestPaths.repository + "/pam/test"
+        self.pamDirectory = pamDirectory ?? PAMTestStacks.directory
         // Never the machine's /var/lib/fprint: an empty store unless a test brings fprintd's.
         let emptyPrints = directory + "/no-prints"
         if fprintStateDirectory == nil { mkdir(emptyPrints, 0o700) }
@@ -163,6 +173,8 @@ public final class BrokerFixture: @unchecked Sendable {
         var args = ["--state-dir", stateDirectory, "--socket", socketPath, "--pam-dir", pamDirectory,
                     "--syslog-socket", syslogPath]
         if let f = fprintStateDirectory { args += ["--fprint-state-dir", f] }
+        // Test vaults never seal into (or take NV counters of) a real TPM the machine may have.
+        if !extraArguments.contains("--key-protector") { args += ["--key-protector", "file"] }
         p.arguments = args + extraArguments
         var env = ProcessInfo.processInfo.environment
         env["PAM_MATRIX_PASSWD"] = passdb
@@ -183,6 +195,8 @@ public final class BrokerFixture: @unchecked Sendable {
             if !p.isRunning { throw FixtureError.brokerExited(p.terminationStatus, brokerLog) }
             usleep(10_000)
         }
+        // Still starting (SIGTERM is blocked until it serves): SIGKILL, so deinit cannot hang.
+        kill9()
         throw FixtureError.brokerDidNotStart(brokerLog)
     }
 

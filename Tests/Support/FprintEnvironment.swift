@@ -1,7 +1,6 @@
 // A private fingerprint stack for tests: its own "system" D-Bus, a polkit stand-in that
 // authorizes every fprintd action, and the real fprintd driving libfprint's virtual reader,
 // all rooted in one short temp dir. Nothing here touches /var/lib/fprint or the machine's bus.
-// Proven by hand first: ../../shared/notes/pam-fprintd-recipe.md sections 4 and 5.
 import Foundation
 import Glibc
 

@@ -17,38 +17,15 @@ public struct ItemID: Sendable, Hashable, CustomStringConvertible {
         self.bytes = bytes
     }
 
-    /// Parses 32 hex digits.
+    /// Parses 32 hex digits (either case: ids are typed by people).
     public init?(hex: String) {
-        let digits = Array(hex.utf8)
-        guard digits.count == Self.byteCount * 2 else { return nil }
-        var out: [UInt8] = []
-        out.reserveCapacity(Self.byteCount)
-        func nibble(_ c: UInt8) -> UInt8? {
-            switch c {
-            case 48...57: c - 48
-            case 97...102: c - 87
-            case 65...70: c - 55
-            default: nil
-            }
-        }
-        var i = 0
-        while i < digits.count {
-            guard let hi = nibble(digits[i]), let lo = nibble(digits[i + 1]) else { return nil }
-            out.append(hi << 4 | lo)
-            i += 2
-        }
-        self.bytes = out
+        guard hex.utf8.count == Self.byteCount * 2, let bytes = Hex.decode(hex, allowingUppercase: true) else { return nil }
+        self.bytes = bytes
     }
 
     private init(unchecked: [UInt8]) { self.bytes = unchecked }
 
-    public var description: String {
-        let hex: [UInt8] = Array("0123456789abcdef".utf8)
-        var s: [UInt8] = []
-        s.reserveCapacity(32)
-        for b in bytes { s.append(hex[Int(b >> 4)]); s.append(hex[Int(b & 15)]) }
-        return String(decoding: s, as: UTF8.self)
-    }
+    public var description: String { Hex.encode(bytes) }
 }
 
 /// What a caller asks the store to keep (the secret travels separately, in guarded memory).

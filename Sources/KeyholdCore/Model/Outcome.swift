@@ -1,4 +1,4 @@
-/// Every result a caller can see, mirroring `errSec…` / `ASAuthorizationError` (DESIGN.md, "Outcomes").
+/// Every result a caller can see, mirroring `errSec…` / `ASAuthorizationError` (README, "CLI contract").
 ///
 /// The raw value is the `keyhold` CLI's exit code and the code on the wire, so the three can
 /// never drift apart. Descriptions never contain a secret, a service or an account name.

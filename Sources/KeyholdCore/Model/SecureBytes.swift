@@ -1,16 +1,5 @@
 import CSodium
 
-/// libsodium must be initialised once before any other call; `sodium_init` is idempotent
-/// and thread-safe, so every entry point that uses crypto calls `Sodium.ready()`.
-public enum Sodium {
-    private static let initialised: Bool = sodium_init() >= 0
-
-    /// Traps if libsodium cannot initialise: no crypto may run without its RNG.
-    public static func ready() {
-        precondition(initialised, "libsodium failed to initialise")
-    }
-}
-
 /// Bytes that may be secret: held in `sodium_malloc` memory (guard pages, mlock where the
 /// limit allows), wiped and freed on deinit. Never printed: `description` hides the bytes.
 public final class SecureBytes: @unchecked Sendable, CustomStringConvertible {

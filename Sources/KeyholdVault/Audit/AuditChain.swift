@@ -195,6 +195,10 @@ extension VaultStore {
             }
             let head = try readHead()
             let headValid = head.map { KeyedHash.equal($0.tag, headTag(seq: $0.seq, mac: $0.mac)) } ?? false
+            // Fast path on every core (AuditChainScan.swift); anything else is diagnosed below.
+            if let head, headValid, auditChainIntact(start: start, head: (head.seq, head.mac)) {
+                return .intact(count: head.seq - start.seq)
+            }
 
             var expected = start.seq + 1
             var previous = start.mac
@@ -301,16 +305,24 @@ extension VaultStore {
     public func auditEntries(visibleTo uid: UInt32?, since: Int64? = nil, item: (service: String, account: String)? = nil,
                              afterSeq: Int64? = nil, limit: Int? = nil) throws(StoreError) -> [AuditEntryView] {
         var out: [AuditEntryView] = []
+        // A user's entries are also numbered among their own (row_number over all of theirs,
+        // whatever the filters), so what they see reveals nothing of others' activity.
+        let sql = uid == nil ? """
+            SELECT \(Self.auditColumns), NULL FROM audit
+            WHERE (?1 IS NULL OR caller_uid = ?1) AND time_us >= ?2 AND seq > ?3 ORDER BY seq
+            """ : """
+            SELECT \(Self.auditColumns), own FROM (
+                SELECT \(Self.auditColumns), row_number() OVER (ORDER BY seq) AS own FROM audit WHERE caller_uid = ?1)
+            WHERE time_us >= ?2 AND seq > ?3 ORDER BY seq
+            """
         do {
-            try db.withStatement("""
-                SELECT \(Self.auditColumns) FROM audit
-                WHERE (?1 IS NULL OR caller_uid = ?1) AND time_us >= ?2 AND seq > ?3 ORDER BY seq
-                """) { (s) throws(DatabaseError) in
+            try db.withStatement(sql) { (s) throws(DatabaseError) in
                 if let uid { try s.bind(1, Int64(uid)) } else { try s.bindNull(1) }
                 try s.bind(2, since ?? Int64.min)
                 try s.bind(3, afterSeq ?? Int64.min)
                 while try s.step() {
                     let row = AuditRow(s)
+                    let own = s.isNull(13) ? nil : s.int64(13)
                     var service: String?, account: String?, reason: String?
                     var intact = true
                     if let raw = row.fields.details {
@@ -331,7 +343,7 @@ extension VaultStore {
                         operation: text(row.fields.operation), itemID: row.fields.itemID.flatMap { ItemID(bytes: $0) },
                         service: service, account: account, decision: text(row.fields.decision),
                         method: text(row.fields.method), reason: reason, outcome: text(row.fields.outcome),
-                        mac: row.mac, detailsIntact: intact))
+                        mac: row.mac, detailsIntact: intact, ownSeq: own))
                     if let limit, out.count >= limit { return }
                 }
             }

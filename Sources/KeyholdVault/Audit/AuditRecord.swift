@@ -12,6 +12,14 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     /// Requests of one uid refused without an entry each (over its audit budget or its
     /// connection cap), counted in one entry: `reason` holds `count=N`.
     case refusedBurst = "refused-burst"
+    /// The broker started with a non-default key protector (the reason names it).
+    case brokerStart = "broker-start"
+    /// `keyholdd --migrate-key-protector` converted the vault key (the reason names both).
+    case keyProtectorMigrate = "key-protector-migrate"
+    /// `keyhold status`: how the vault is protected.
+    case status
+    /// `keyholdd --accept-rollback`: an administrator chose to serve a vault behind its anchor.
+    case acceptRollback = "accept-rollback"
 }
 
 /// How the broker decided.
@@ -116,6 +124,9 @@ public struct AuditEntryView: Sendable, Equatable {
     public let mac: [UInt8]
     /// False when the sealed names failed to open (the row was altered); `audit verify` says where.
     public let detailsIntact: Bool
+    /// For a non-root reader: the entry's number among that user's own entries (1, 2, 3, …),
+    /// shown instead of `seq`, whose gaps would reveal when others use the vault.
+    public var ownSeq: Int64? = nil
 }
 
 /// The result of checking the whole audit chain.

@@ -72,16 +72,7 @@ enum StateDirectory {
         var failure: Int32 = 0
         if fchmod(fd, 0o600) != 0 { failure = errno }
         if failure == 0 {
-            failure = key.withUnsafeBytes { raw -> Int32 in
-                var done = 0
-                while done < raw.count {
-                    let n = write(fd, raw.baseAddress! + done, raw.count - done)
-                    if n < 0 && errno == EINTR { continue }
-                    guard n > 0 else { return errno == 0 ? EIO : errno }
-                    done += n
-                }
-                return 0
-            }
+            failure = key.withUnsafeBytes { DescriptorIO.writeAll(fd, $0) }
         }
         if failure == 0, fsync(fd) != 0 { failure = errno }
         Glibc.close(fd)

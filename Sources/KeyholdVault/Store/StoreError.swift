@@ -36,6 +36,8 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
     case closed
     /// The item's generation changed since the caller read it (another change came first).
     case conflict
+    /// The key protector (the TPM) could not give the vault key.
+    case keyProtector(KeyProtectorFailure)
 
     /// What a caller sees.
     public var outcome: Outcome {
@@ -51,6 +53,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .tooLarge, .invalidItem: .usage
         case .auditWriteFailed: .auditUnavailable
         case .conflict: .conflict
+        case .keyProtector(let f): f.outcome
         }
     }
 
@@ -71,6 +74,7 @@ public enum StoreError: Error, Equatable, Sendable, CustomStringConvertible {
         case .auditWriteFailed: "the audit log could not be written; nothing was changed or released"
         case .closed: "the store is closed"
         case .conflict: "the item changed since it was read; nothing was changed"
+        case .keyProtector(let f): f.description
         }
     }
 

@@ -68,7 +68,11 @@ extension VaultStore {
         do throws(DatabaseError) {
             let version = try dataVersion()
             switch generationState {
-            case .verified(let r) where r.dataVersion == version: return r
+            case .verified(let r) where r.dataVersion == version:
+                // Inside a group commit a change can be undone after this copy followed it (a
+                // member's savepoint or the whole group rolled back): the stored digest then
+                // differs, and the record is read again.
+                if try storedGenerationDigest() == r.digest { return r }
             case .broken(let v) where v == version: throw DatabaseError.generationMismatch
             default: break
             }
@@ -80,6 +84,12 @@ extension VaultStore {
             return record
         } catch {
             throw error == .generationMismatch ? StoreError.integrity : StoreError.from(error)
+        }
+    }
+
+    private func storedGenerationDigest() throws(DatabaseError) -> [UInt8]? {
+        try db.withStatement("SELECT digest FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
+            try s.step() ? s.blob(0) : nil
         }
     }
 

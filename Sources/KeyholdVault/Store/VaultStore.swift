@@ -48,10 +48,12 @@ public final class VaultStore {
     ///
     /// - Parameter passwordHashing: Argon2id limits for new app-password items. Keep the default;
     ///   `.interactive` exists for tests.
-    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate) throws(StoreError) -> VaultStore {
+    /// - Parameter keyProtector: how the vault key is kept at rest (`vault.key` by default).
+    public static func open(stateDirectory: String, passwordHashing: PasswordHashStrength = .moderate,
+                            keyProtector: any VaultKeyProtector = FileKeyProtector()) throws(StoreError) -> VaultStore {
         Sodium.ready()
         try StateDirectory.prepare(stateDirectory)
-        let keyPath = stateDirectory + "/" + StateDirectory.keyFileName
+        let keyPath = stateDirectory + "/" + keyProtector.kind.fileName
         let dbPath = stateDirectory + "/" + StateDirectory.databaseFileName
 
         // Identify an existing database before touching the key file or writing anything.
@@ -69,11 +71,16 @@ public final class VaultStore {
 
         let key: VaultKey
         if try StateDirectory.exists(keyPath) {
-            key = try StateDirectory.readKey(keyPath)
+            key = try keyProtector.load(path: keyPath)
         } else {
             // A vault without its key cannot be recovered by making a new one.
             guard existingVersion == 0 else { throw .keyFileInvalid }
-            key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            if keyProtector.kind == .file {
+                key = try StateDirectory.createKey(keyPath, directory: stateDirectory)
+            } else {
+                key = VaultKey.generate()
+                try KeyFiles.replace(keyPath, with: try keyProtector.protect(key), directory: stateDirectory)
+            }
         }
 
         let store = VaultStore(db: db, key: key, stateDirectory: stateDirectory, passwordHashing: passwordHashing)
@@ -455,15 +462,12 @@ public final class VaultStore {
                           updatedAt: now, passwordHashing: sealed.passwordHashing, generation: generation)
     }
 
-    /// A store transaction that changes the generation record: on any failure the in-memory
-    /// record is dropped (it is read again), since it may not match what was rolled back.
+    /// A store transaction that changes the generation record. The in-memory record is updated
+    /// only after it commits (`commitGeneration`), so a rollback leaves both as they were; it is
+    /// not dropped on failure, which would let a flood of failing requests (duplicates) force a
+    /// re-read of the whole record each time.
     private func changingGenerations<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
-        do {
-            return try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
-        } catch {
-            generationState = .unknown
-            throw error
-        }
+        try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
     }
 
     private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {

@@ -1,10 +1,11 @@
-// fprintd's D-Bus API, for what only fprintd knows: the reader's name (for `keyhold biometry`)
-// and its own list of enrolled fingers. Never used for the domain state digest (see
-// BiometryStore for why). A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
-// a few method calls, little-endian messages only — so KeyholdAuth needs no D-Bus library.
+// fprintd's D-Bus API, for what only fprintd knows: the reader's name (for `keyhold biometry`).
+// Never used for the domain state digest (the broker reads fprintd's print store instead). It
+// runs in the CLI, as the user, so the root broker keeps no bus client. A deliberately tiny D-Bus client — one unix socket, SASL EXTERNAL,
+// a few method calls, little-endian messages only — so Keyhold needs no D-Bus library.
 // Every failure (no bus, no fprintd, a malformed or oversized reply, a timeout) is nil.
 import Glibc
 import CKeyholdOS
+import KeyholdCore
 
 public enum BiometryReader {
     /// The system bus address used when none is given: `$DBUS_SYSTEM_BUS_ADDRESS`, else the
@@ -28,29 +29,7 @@ public enum BiometryReader {
         return r.string()
     }
 
-    /// fprintd's own answer to ListEnrolledFingers(user): [] when it has none (its
-    /// NoEnrolledPrints error), nil when it cannot be asked or refuses (polkit).
-    public static func enrolledFingers(user: String, busAddress: String? = nil, timeoutMilliseconds: Int = 2000) -> [String]? {
-        guard BiometryStore.isAcceptableUserName(user),
-              let bus = DBusConnection(address: busAddress ?? systemBusAddress(), timeoutMilliseconds: timeoutMilliseconds),
-              let device = bus.defaultDevice() else { return nil }
-        defer { bus.close() }
-        guard let reply = bus.call(destination: fprint, path: device, interface: "net.reactivated.Fprint.Device",
-                                   member: "ListEnrolledFingers", body: .strings([user])) else { return nil }
-        if let e = reply.error { return e == "net.reactivated.Fprint.Error.NoEnrolledPrints" ? [] : nil }
-        guard reply.signature == "as" else { return nil }
-        var r = DBusReader(reply.body)
-        return r.stringArray()
-    }
-
     static let fprint = "net.reactivated.Fprint"
-}
-
-extension BiometryStore {
-    /// The reader's name through fprintd's D-Bus API; nil when it cannot be asked.
-    public static func readerDescription(busAddress: String? = nil) -> String? {
-        BiometryReader.readerDescription(busAddress: busAddress)
-    }
 }
 
 struct DBusReply {
@@ -97,10 +76,7 @@ final class DBusConnection {
     /// SASL EXTERNAL: the bus checks our uid through SO_PEERCRED.
     private func authenticate() -> Bool {
         let uid = Array(String(getuid()).utf8)
-        let hex = uid.map { b -> String in
-            let d = Array("0123456789abcdef".utf8)
-            return String(decoding: [d[Int(b >> 4)], d[Int(b & 0xf)]], as: UTF8.self)
-        }.joined()
+        let hex = Hex.encode(uid)
         guard send([0] + Array("AUTH EXTERNAL \(hex)\r\n".utf8)), let line = readLine(), line.hasPrefix("OK ") else {
             return false
         }
@@ -188,14 +164,7 @@ final class DBusConnection {
     }
 
     private func send(_ bytes: [UInt8]) -> Bool {
-        var sent = 0
-        while sent < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.send(fd, $0.baseAddress! + sent, $0.count - sent, Int32(MSG_NOSIGNAL)) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { return false }
-            sent += n
-        }
-        return true
+        bytes.withUnsafeBytes { DescriptorIO.writeAll(fd, $0, socket: true) == 0 }
     }
 
     private func readExactly(_ count: Int) -> [UInt8]? {
@@ -305,15 +274,4 @@ struct DBusReader {
         return String(decoding: b[i..<(i + n)], as: UTF8.self)
     }
 
-    /// `as`: uint32 byte length, then strings.
-    mutating func stringArray() -> [String]? {
-        guard let n = uint32().map(Int.init), n <= end - i else { return nil }
-        let stop = i + n
-        var out: [String] = []
-        while i < stop {
-            guard let s = string(), i <= stop else { return nil }
-            out.append(s)
-        }
-        return out
-    }
 }

@@ -1,0 +1,82 @@
+import Glibc
+import KeyholdCore
+import KeyholdVault
+import KeyholdTPM
+
+/// `--key-protector`: which protector keeps the vault key.
+public enum KeyProtectorChoice: String, Sendable, Equatable {
+    /// An existing vault keeps its protector; a new vault is sealed by the TPM when the
+    /// kernel's resource manager exists, else kept in `vault.key`.
+    case auto
+    case file
+    case tpm
+}
+
+/// Chooses the key protector for a start of the broker and says plainly what it protects.
+enum KeyProtectorSetup {
+    static func protector(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> any VaultKeyProtector {
+        switch kind {
+        case .file: FileKeyProtector()
+        case .tpm: TPMKeyProtector(tcti: options.tpmTCTI, pcrs: options.tpmPCRs)
+        }
+    }
+
+    /// Which protector files the state directory holds now.
+    static func present(in directory: String) throws(StoreError) -> [KeyProtectorKind] {
+        var found: [KeyProtectorKind] = []
+        for kind in KeyProtectorKind.allCases where try KeyFiles.exists(directory + "/" + kind.fileName) { found.append(kind) }
+        return found
+    }
+
+    /// The protector this start uses. Both files present means a migration was interrupted
+    /// after the new form was complete: both hold the same key, and the TPM's form is used.
+    static func resolve(_ options: BrokerOptions) throws(StoreError) -> KeyProtectorKind {
+        let found = try present(in: options.stateDirectory)
+        switch options.keyProtector {
+        case .auto:
+            if found.contains(.tpm) { return .tpm }
+            if found.contains(.file) { return .file }
+            return options.tpmTCTI != TPMDevice.defaultTCTI || access("/dev/tpmrm0", F_OK) == 0 ? .tpm : .file
+        case .file, .tpm:
+            let wanted: KeyProtectorKind = options.keyProtector == .tpm ? .tpm : .file
+            if found.isEmpty || found.contains(wanted) { return wanted }
+            throw .keyProtector(.protectedBy(found[0], wanted: wanted))
+        }
+    }
+
+    /// The start-up line: what an administrator must know about where the key is.
+    static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> String {
+        switch kind {
+        case .tpm:
+            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; rollback is detected by a TPM counter"
+        case .file:
+            "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
+        }
+    }
+
+    static func rollbackLine(_ options: BrokerOptions) -> String {
+        if let a = options.rollbackAnchor {
+            return "rollback of the state directory alone is detected by the anchor \(a) (restoring the whole disk is NOT)"
+        }
+        return "rollback of the state directory is NOT detected"
+    }
+
+    /// The audit entry of a start with the TPM protector: proof in the chain of how the key
+    /// was kept. (The file protector is the default and the start-up line states it.)
+    static func startAudit(_ kind: KeyProtectorKind, _ options: BrokerOptions, executable: String) -> AuditRecord? {
+        guard kind == .tpm else { return nil }
+        return AuditRecord(time: currentMicroseconds(), callerUID: geteuid(), callerPID: getpid(), executable: executable,
+                           operation: .brokerStart, decision: .granted,
+                           reason: "key-protector=tpm pcrs=\(options.tpmPCRs)", outcome: .ok)
+    }
+}
+
+/// What `keyhold status` reports. Rollback detection is not implemented yet (issue 13 item 2).
+struct VaultProtection: Sendable {
+    let keyProtector: KeyProtectorKind
+    var anchored = false
+    var statusText: String {
+        let detection = [keyProtector == .tpm ? "tpm-counter" : nil, anchored ? "anchor-file" : nil].compactMap { $0 }
+        return "key-protector=\(keyProtector.rawValue) rollback-detection=\(detection.isEmpty ? "none" : detection.joined(separator: "+"))"
+    }
+}

@@ -1,0 +1,44 @@
+import KeyholdCore
+import KeyholdProtocol
+
+/// Calls the Secret Service agent makes on behalf of a D-Bus client. Each carries the pid the
+/// bus named as the sender, which the broker records as a claimed requester (never trusted as
+/// an identity).
+extension Vault {
+    public func secret(service: String, account: String, claimedPID: Int32?, reason: String? = nil,
+                       interaction: Interaction? = nil) throws(KeyholdError) -> SecureBytes {
+        var r = Request(.get, item: ItemReference(service: service, account: account))
+        r.reason = reason
+        r.allowInteraction = interaction != nil
+        r.claimedPID = claimedPID
+        let response = try perform(r, interaction: interaction)
+        guard let secret = response.secret else { throw .other("the broker released no secret") }
+        return secret
+    }
+
+    /// Stores or replaces an item (no application-password policies through this path).
+    public func store(_ secret: SecureBytes, service: String, account: String, label: String, policy: Policy,
+                      reuseSeconds: UInt32, allowedExecutables: [String] = [], update: Bool,
+                      claimedPID: Int32?) throws(KeyholdError) {
+        guard secret.count <= Limits.maxSecretBytes else {
+            throw .invalidRequest("secret is \(secret.count) bytes; the limit is \(Limits.maxSecretBytes)")
+        }
+        guard !policy.requiresAppPassword else { throw .invalidRequest("an application password cannot be given over D-Bus") }
+        var r = Request(.put, item: ItemReference(service: service, account: account))
+        r.secret = secret
+        r.label = label
+        r.policy = policy.description
+        r.reuseSeconds = reuseSeconds
+        r.allowedExecutables = allowedExecutables
+        r.update = update
+        r.allowInteraction = false
+        r.claimedPID = claimedPID
+        _ = try perform(r, interaction: nil)
+    }
+
+    public func delete(service: String, account: String, claimedPID: Int32?) throws(KeyholdError) {
+        var r = Request(.delete, item: ItemReference(service: service, account: account))
+        r.claimedPID = claimedPID
+        _ = try perform(r, interaction: nil)
+    }
+}

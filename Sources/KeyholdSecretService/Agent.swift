@@ -1,0 +1,161 @@
+import CSystemd
+import Glibc
+import KeyholdClient
+import KeyholdCore
+import KeyholdProtocol
+
+/// The Secret Service on the bus: resolves each call's object, checks its arguments, and
+/// forwards to the broker as this user. Single-threaded: sd-bus calls it from the event loop.
+public final class Agent {
+    let bus: OpaquePointer
+    let vault: Vault
+    let options: AgentOptions
+    let state = AgentState()
+
+    init(bus: OpaquePointer, options: AgentOptions) {
+        self.bus = bus
+        self.options = options
+        self.vault = Vault(socketPath: options.socketPath)
+    }
+
+    // MARK: dispatch
+
+    /// One method call. Returns false for a call that is not ours (sd-bus answers it).
+    func dispatch(_ m: OpaquePointer) throws(BusError) -> Bool {
+        guard let p = sd_bus_message_get_path(m), let mem = sd_bus_message_get_member(m) else { return false }
+        let path = String(cString: p), member = String(cString: mem)
+        let interface = sd_bus_message_get_interface(m).map { String(cString: $0) }
+        let sender = sd_bus_message_get_sender(m).map { String(cString: $0) } ?? ""
+        guard let object = SecretObject.resolve(path) else { throw .unknownObject("no object at \(path)") }
+        let call = Call(m: m, r: MessageReader(m: m), sender: sender, member: member)
+        if interface == Interface.properties {
+            try properties(object, call)
+            return true
+        }
+        switch object {
+        case .service:
+            guard interface == nil || interface == Interface.service else { break }
+            try serviceMethod(call)
+            return true
+        case .collection:
+            guard interface == nil || interface == Interface.collection else { break }
+            try collectionMethod(call)
+            return true
+        case .item(let id):
+            guard interface == nil || interface == Interface.item else { break }
+            try itemMethod(id, call)
+            return true
+        case .session(let sp):
+            guard interface == nil || interface == Interface.session, member == "Close" else { break }
+            try call.r.requireSignature("")
+            guard state.sessions[sp]?.owner == sender else { throw .noSession }
+            state.sessions[sp] = nil
+            try reply(m) { _ in }
+            return true
+        case .prompt(let pp):
+            guard interface == nil || interface == Interface.prompt else { break }
+            try promptMethod(pp, call)
+            return true
+        }
+        throw .unknownMethod("no method \(interface ?? "").\(member) at \(path)")
+    }
+
+    struct Call {
+        let m: OpaquePointer
+        let r: MessageReader
+        let sender: String
+        let member: String
+    }
+
+    // MARK: replies and signals
+
+    func reply(_ call: OpaquePointer, _ body: (MessageWriter) throws(BusError) -> Void) throws(BusError) {
+        var out: OpaquePointer?
+        guard sd_bus_message_new_method_return(call, &out) >= 0, let out else { throw .failed("cannot build a reply") }
+        defer { sd_bus_message_unref(out) }
+        try body(MessageWriter(m: out))
+        _ = sd_bus_send(nil, out, nil)
+    }
+
+    func signal(_ path: String, _ interface: String, _ member: String, _ body: (MessageWriter) -> Void) {
+        var out: OpaquePointer?
+        guard sd_bus_message_new_signal(bus, &out, path, interface, member) >= 0, let out else { return }
+        body(MessageWriter(m: out))
+        _ = sd_bus_send(bus, out, nil)
+        sd_bus_message_unref(out)
+    }
+
+    /// The pid the bus gives for the sender: passed to the broker as a claim only.
+    func claimedPID(_ m: OpaquePointer) -> Int32? {
+        var creds: OpaquePointer?
+        guard sd_bus_query_sender_creds(m, UInt64(SD_BUS_CREDS_PID), &creds) >= 0, let creds else { return nil }
+        defer { sd_bus_creds_unref(creds) }
+        var pid: pid_t = 0
+        guard sd_bus_creds_get_pid(creds, &pid) >= 0, pid > 0 else { return nil }
+        return pid
+    }
+
+    // MARK: items from the broker
+
+    func refreshItems() throws(BusError) {
+        do throws(KeyholdError) {
+            let list = try vault.items()
+            var byID: [String: ItemInfo] = [:]
+            for i in list { byID[i.id] = i }
+            state.items = byID
+        } catch {
+            throw Self.busError(error)
+        }
+    }
+
+    func item(_ id: String) throws(BusError) -> ItemInfo {
+        if let i = state.items[id] { return i }
+        try refreshItems()
+        guard let i = state.items[id] else { throw .noSuchObject }
+        return i
+    }
+
+    func attributes(of i: ItemInfo) -> [String: String] {
+        AttributeMapping.attributes(service: i.service, account: i.account)
+    }
+
+    /// Items whose attributes hold every pair of `query`, split by lock state.
+    func search(_ query: [String: String]) throws(BusError) -> (unlocked: [String], locked: [String]) {
+        try refreshItems()
+        var unlocked: [String] = [], locked: [String] = []
+        for i in state.items.values.sorted(by: { $0.createdAt < $1.createdAt }) where AttributeMapping.matches(attributes(of: i), query) {
+            if state.isLocked(i) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
+        }
+        return (unlocked, locked)
+    }
+
+    /// The item's secret for `session`, or IsLocked. Never prompts: authentication happens in
+    /// a Prompt, so no method call waits on a finger or a password.
+    func secret(_ i: ItemInfo, session: SecretSession, claimedPID: Int32?) throws(BusError) -> WireSecret {
+        guard !state.isLocked(i) else { throw .isLocked }
+        let s: SecureBytes
+        do throws(KeyholdError) {
+            s = try vault.secret(service: i.service, account: i.account, claimedPID: claimedPID)
+        } catch .interactionNotAllowed {
+            state.unlockedUntil[i.id] = nil
+            throw .isLocked
+        } catch {
+            throw Self.busError(error)
+        }
+        defer { s.wipe() }
+        let (parameters, value) = try session.encode(s)
+        return WireSecret(session: "", parameters: parameters, value: value,
+                          contentType: LabelEncoding.decode(i.label).contentType)
+    }
+
+    static func busError(_ e: KeyholdError) -> BusError {
+        switch e {
+        case .notFound: .noSuchObject
+        case .interactionNotAllowed, .userCanceled, .authenticationFailed, .lockedOut: .isLocked
+        case .notAuthorized: .accessDenied("not authorized")
+        case .invalidRequest(let m): .invalidArgs(m)
+        case .duplicateItem: .failed("duplicate item")
+        default: .failed(e.outcome.name)
+        }
+    }
+}

@@ -1,0 +1,214 @@
+import CSQLite
+import CSodium
+import Glibc
+import KeyholdCore
+
+/// The fast path of `verifyAudit`: confirms an intact chain using every core.
+///
+/// Each entry's MAC covers the previous entry's *stored* MAC, so once the stored links are
+/// compared every entry can be checked independently of the others: the range from the start
+/// (genesis or checkpoint) to the head is cut into one slice per core, each slice read on its
+/// own read-only SQLite connection and checked on its own thread. Rows are hashed straight from
+/// SQLite's column memory into one reused buffer (no per-entry allocation).
+///
+/// It only ever answers "intact" or "not shown intact": any gap, bad MAC or tag, row beyond the
+/// head, or I/O error sends `verifyAudit` to its sequential pass, which names the problem. So a
+/// wrong answer here can cost time, never a false "intact": every entry from start to head is
+/// checked against its predecessor's MAC, the first against the start, the last against the
+/// tagged head.
+extension VaultStore {
+    /// Below this many entries per slice, one thread does it all.
+    static let minimumEntriesPerSlice: Int64 = 16_384
+
+    func auditChainIntact(start: (seq: Int64, mac: [UInt8]), head: (seq: Int64, mac: [UInt8]),
+                          slices requested: Int? = nil) -> Bool {
+        let total = head.seq - start.seq
+        guard total >= 0, start.mac.count == KeyedHash.byteCount, head.mac.count == KeyedHash.byteCount else { return false }
+        let cores = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
+        let slices = requested ?? Int(min(Int64(min(cores, 8)), max(1, total / Self.minimumEntriesPerSlice)))
+        let path = stateDirectory + "/" + StateDirectory.databaseFileName
+        // Slice i covers (bounds[i], bounds[i + 1]]; the last one has no upper bound, so a row
+        // beyond the head is seen.
+        var bounds: [Int64] = (0..<slices).map { start.seq + total * Int64($0) / Int64(slices) }
+        bounds.append(head.seq)
+        let results = UnsafeMutableBufferPointer<Bool>.allocate(capacity: slices)
+        results.initialize(repeating: false)
+        defer { results.deallocate() }
+        auditKey.keyBytes.bytes.withUnsafeBytes { key in
+            let work = { (i: Int) in
+                results[i] = AuditSliceScanner(path: path, key: key)?.verify(
+                    after: bounds[i], startMAC: i == 0 ? start.mac : nil, through: bounds[i + 1],
+                    endMAC: i == slices - 1 ? head.mac : nil, isLast: i == slices - 1) ?? false
+            }
+            let threads = (1..<slices).map { i in SliceThread { work(i) } }
+            work(0)
+            threads.forEach { $0.join() }
+        }
+        return results.allSatisfy { $0 }
+    }
+}
+
+/// One thread running one closure, on plain pthreads (the vault does not load Foundation).
+private final class SliceThread: @unchecked Sendable {
+    private var thread = pthread_t()
+    private var started = false
+    private let body: () -> Void
+
+    init(_ body: @escaping () -> Void) {
+        self.body = body
+        let box = Unmanaged.passRetained(self).toOpaque()
+        started = pthread_create(&thread, nil, { raw in
+            let me = Unmanaged<SliceThread>.fromOpaque(raw!).takeRetainedValue()
+            me.body()
+            return nil
+        }, box) == 0
+        if !started {
+            Unmanaged<SliceThread>.fromOpaque(box).release()
+            body()  // no thread: do the work here
+        }
+    }
+
+    func join() { if started { pthread_join(thread, nil) } }
+}
+
+/// Reads one slice of the chain on its own read-only connection and checks every entry.
+private struct AuditSliceScanner {
+    private let db: OpaquePointer
+    private let key: UnsafeRawBufferPointer
+
+    init?(path: String, key: UnsafeRawBufferPointer) {
+        var handle: OpaquePointer?
+        guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, nil) == SQLITE_OK,
+              let handle else {
+            sqlite3_close_v2(handle)
+            return nil
+        }
+        sqlite3_busy_timeout(handle, 5000)
+        db = handle
+        self.key = key
+    }
+
+    /// True when rows after..through are all present, in order, each MAC and entry tag right,
+    /// the first chained to `startMAC` (or to the stored MAC of row `after`), the last equal to
+    /// `endMAC` when given, and (for the last slice) nothing beyond `through`.
+    func verify(after: Int64, startMAC: [UInt8]?, through: Int64, endMAC: [UInt8]?, isLast: Bool) -> Bool {
+        defer { sqlite3_close_v2(db) }
+        // Read the whole slice in one snapshot.
+        guard sqlite3_exec(db, "BEGIN", nil, nil, nil) == SQLITE_OK else { return false }
+        defer { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
+        var previous = [UInt8](repeating: 0, count: KeyedHash.byteCount)
+        if let startMAC {
+            previous = startMAC
+        } else {
+            guard let mac = storedMAC(seq: after) else { return false }
+            previous = mac
+        }
+        let sql = "SELECT \(VaultStore.auditColumns) FROM audit WHERE seq > ?1 AND seq <= ?2 ORDER BY seq"
+        var stmt: OpaquePointer?
+        guard sqlite3_prepare_v2(db, sql, -1, &stmt, nil) == SQLITE_OK, let stmt else { return false }
+        defer { sqlite3_finalize(stmt) }
+        sqlite3_bind_int64(stmt, 1, after)
+        sqlite3_bind_int64(stmt, 2, isLast ? Int64.max : through)
+
+        // Keyed BLAKE2b states that have absorbed the key and each domain label, copied per
+        // entry; libsodium wants them 64-byte aligned.
+        // (The state type's 64-byte alignment keeps it out of Swift: libsodium's functions take
+        // it as an opaque pointer, and its size comes from libsodium.)
+        let stateSize = (crypto_generichash_statebytes() + 63) & ~63
+        let states = UnsafeMutableRawPointer.allocate(byteCount: 3 * stateSize, alignment: 64)
+        defer { states.deallocate() }
+        let macBase = OpaquePointer(states), tagBase = OpaquePointer(states + stateSize), work = OpaquePointer(states + 2 * stateSize)
+        func absorb(_ state: OpaquePointer, _ domain: String) {
+            crypto_generichash_init(state, key.baseAddress!.assumingMemoryBound(to: UInt8.self), key.count, KeyedHash.byteCount)
+            let label = CanonicalEncoder(domain: domain).bytes
+            crypto_generichash_update(state, label, UInt64(label.count))
+        }
+        absorb(macBase, "keyhold audit mac v1")
+        absorb(tagBase, "keyhold audit entry v1")
+        // input = len ‖ previous ‖ seq ‖ fields: the MAC covers all of it, the entry tag the fields.
+        let fieldsStart = 4 + KeyedHash.byteCount + 8
+        var input: [UInt8] = []
+        input.reserveCapacity(1024)
+        var macDigest = [UInt8](repeating: 0, count: KeyedHash.byteCount), tagDigest = macDigest
+        var expected = after + 1
+        while true {
+            let rc = sqlite3_step(stmt)
+            if rc == SQLITE_DONE { break }
+            guard rc == SQLITE_ROW, sqlite3_column_int64(stmt, 0) == expected, expected <= through else { return false }
+            input.removeAll(keepingCapacity: true)
+            Self.append(UInt32(KeyedHash.byteCount), to: &input)
+            input.append(contentsOf: previous)
+            Self.append(UInt64(bitPattern: expected), to: &input)
+            Self.appendFields(stmt, to: &input)
+            let intact = input.withUnsafeBufferPointer { m in
+                Self.hashEquals(from: macBase, work, stateSize, m.baseAddress!, m.count, stmt, column: 12, &macDigest)
+                    && Self.hashEquals(from: tagBase, work, stateSize, m.baseAddress! + fieldsStart, m.count - fieldsStart, stmt, column: 11, &tagDigest)
+            }
+            guard intact else { return false }
+            // Verified: its stored MAC (equal to the digest) is what the next entry chains to.
+            swap(&previous, &macDigest)
+            expected += 1
+        }
+        guard expected == through + 1 else { return false }
+        if let endMAC { return KeyedHash.equal(previous, endMAC) }
+        return true
+    }
+
+    private func storedMAC(seq: Int64) -> [UInt8]? {
+        var stmt: OpaquePointer?
+        guard sqlite3_prepare_v2(db, "SELECT mac FROM audit WHERE seq = ?1", -1, &stmt, nil) == SQLITE_OK, let stmt else { return nil }
+        defer { sqlite3_finalize(stmt) }
+        sqlite3_bind_int64(stmt, 1, seq)
+        guard sqlite3_step(stmt) == SQLITE_ROW, let p = sqlite3_column_blob(stmt, 0),
+              sqlite3_column_bytes(stmt, 0) == Int32(KeyedHash.byteCount) else { return nil }
+        return Array(UnsafeRawBufferPointer(start: p, count: KeyedHash.byteCount))
+    }
+
+    /// Keyed BLAKE2b of `base` (a state with key and label absorbed) continued with `message`,
+    /// compared in constant time with the 32-byte blob in `column`.
+    private static func hashEquals(from base: OpaquePointer, _ work: OpaquePointer, _ stateSize: Int,
+                                   _ message: UnsafePointer<UInt8>, _ count: Int, _ stmt: OpaquePointer, column: Int32,
+                                   _ digest: inout [UInt8]) -> Bool {
+        UnsafeMutableRawPointer(work).copyMemory(from: UnsafeRawPointer(base), byteCount: stateSize)
+        guard crypto_generichash_update(work, message, UInt64(count)) == 0,
+              crypto_generichash_final(work, &digest, KeyedHash.byteCount) == 0,
+              let stored = sqlite3_column_blob(stmt, column), sqlite3_column_bytes(stmt, column) == Int32(KeyedHash.byteCount) else {
+            return false
+        }
+        return crypto_verify_32(digest, stored.assumingMemoryBound(to: UInt8.self)) == 0
+    }
+
+    private static func append(_ v: UInt32, to out: inout [UInt8]) {
+        out.append(UInt8(truncatingIfNeeded: v >> 24)); out.append(UInt8(truncatingIfNeeded: v >> 16))
+        out.append(UInt8(truncatingIfNeeded: v >> 8)); out.append(UInt8(truncatingIfNeeded: v))
+    }
+
+    private static func append(_ v: UInt64, to out: inout [UInt8]) {
+        append(UInt32(truncatingIfNeeded: v >> 32), to: &out)
+        append(UInt32(truncatingIfNeeded: v), to: &out)
+    }
+
+    /// Column `c` as `AuditRow` reads it (stored bytes; NULL as empty), length-prefixed.
+    private static func appendBytes(_ stmt: OpaquePointer, _ c: Int32, to out: inout [UInt8]) {
+        let p = sqlite3_column_blob(stmt, c)
+        let n = Int(sqlite3_column_bytes(stmt, c))
+        append(UInt32(n), to: &out)
+        if n > 0, let p { out.append(contentsOf: UnsafeRawBufferPointer(start: p, count: n)) }
+    }
+
+    private static func appendOptional(_ stmt: OpaquePointer, _ c: Int32, to out: inout [UInt8]) {
+        if sqlite3_column_type(stmt, c) == SQLITE_NULL { out.append(0); return }
+        out.append(1)
+        appendBytes(stmt, c, to: &out)
+    }
+
+    /// The same bytes as `AuditFields.encode(into:)` of `AuditRow(stmt)`.
+    private static func appendFields(_ stmt: OpaquePointer, to out: inout [UInt8]) {
+        for c in Int32(1)...3 { append(UInt64(bitPattern: sqlite3_column_int64(stmt, c)), to: &out) }
+        appendBytes(stmt, 4, to: &out)
+        appendBytes(stmt, 5, to: &out)
+        appendOptional(stmt, 6, to: &out)
+        appendOptional(stmt, 7, to: &out)
+        for c in Int32(8)...10 { appendBytes(stmt, c, to: &out) }
+    }
+}

@@ -1,0 +1,107 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdCore
+import KeyholdVault
+import KeyholdTestSupport
+
+/// Issue 8, item 4: failed attempts are counted before PAM runs, and counting fails closed.
+/// PAM invocations are counted by a pam_exec line first in every auth stack (real libpam).
+@Suite(.serialized) struct PAMGateLockoutTests {
+    /// pam_exec's log gets the PAM items once per transaction: one PAM_SERVICE line each.
+    func pamRuns(_ log: String) -> Int {
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        return text.split(separator: "\n").filter { $0.hasPrefix("PAM_SERVICE=") }.count
+    }
+
+    /// A local user's program guesses the user's password through the broker, 40 requests at
+    /// once. Before the fix each read the lockout record before any failure was written, and
+    /// all 40 were checked by PAM against a limit of 5.
+    @Test func fortyParallelWrongGuessesReachPAMAtMostFiveTimes() throws {
+        let user = try TestUser()
+        let probe = try BrokerFixture()
+        probe.stop()
+        let log = probe.directory + "/pam-runs"
+        let pamDir = try probe.pamDirectoryLoggingItems(to: log)
+        let b = try BrokerFixture(passwords: ["root": "right-password", user.name: "user-password"], pamDirectory: pamDir)
+        #expect(b.cli(["put", "token", "x", "--policy", "device-passcode"], stdin: Array("user-secret".utf8), asUser: user.name).status == 0)
+        let wrong = b.askpass(answering: "guess", name: "guess")
+        // Rounds of 40 separate processes of the user, started together (threads, each its own
+        // CLI), until the uid is locked out. A second guess while one is in flight is refused
+        // without PAM; every guess PAM checks is counted first.
+        var rounds = 0
+        var lastRound: [Int32] = []
+        repeat {
+            let statuses = StatusBox()
+            let group = DispatchGroup()
+            for _ in 0..<40 {
+                group.enter()
+                Thread.detachNewThread {
+                    statuses.add(b.cli(["get", "token", "x"], environment: ["KEYHOLD_ASKPASS": wrong], asUser: user.name).status)
+                    group.leave()
+                }
+            }
+            group.wait()
+            lastRound = statuses.all
+            #expect(lastRound.count == 40 && !lastRound.contains(0), "\(lastRound)")
+            #expect(pamRuns(log) <= 5, "PAM ran \(pamRuns(log)) times after \(rounds + 1) round(s) of 40 parallel guesses")
+            rounds += 1
+        } while pamRuns(log) < 5 && rounds < 8
+        let runs = pamRuns(log)
+        #expect(runs == 5, "PAM ran \(runs) times")
+        // The count stands: even the right password is refused now, without PAM running.
+        let right = b.cli(["get", "token", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "user-password", name: "right")],
+                          asUser: user.name)
+        #expect(right.status == 9 && right.stdout.isEmpty, "\(right.stderr)")
+        #expect(pamRuns(log) == runs)
+    }
+
+    /// The lockout table refuses writes (a real SQLite error, from a trigger put in while the
+    /// broker was down). Before the fix the write was `try?`: every guess reached PAM.
+    @Test func lockoutRecordWriteFailureLocksOut() throws {
+        let probe = try BrokerFixture()
+        probe.stop()
+        let log = probe.directory + "/pam-runs"
+        let b = try BrokerFixture(passwords: ["root": "right-password"], pamDirectory: try probe.pamDirectoryLoggingItems(to: log))
+        #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: Array("v".utf8)).status == 0)
+        b.stop()
+        do {
+            let db = try Database(path: b.stateDirectory + "/vault.db")
+            try db.execute("""
+                CREATE TRIGGER lockout_refuses_insert BEFORE INSERT ON lockout BEGIN SELECT RAISE(ABORT, 'refused'); END;
+                CREATE TRIGGER lockout_refuses_update BEFORE UPDATE ON lockout BEGIN SELECT RAISE(ABORT, 'refused'); END;
+                """)
+            db.close()
+        }
+        try b.start()
+        let wrong = ["KEYHOLD_ASKPASS": b.askpass(answering: "guess", name: "guess")]
+        for i in 1...8 {
+            let r = b.cli(["get", "gated", "x"], environment: wrong)
+            #expect(r.status == 12 && r.stdout.isEmpty, "guess \(i): \(r.status) \(r.stderr)")
+        }
+        #expect(pamRuns(log) == 0)
+        // Nothing is released while the count cannot be kept, not even for the right password.
+        let right = b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "right-password", name: "right")])
+        #expect(right.status == 12 && right.stdout.isEmpty)
+        #expect(pamRuns(log) == 0)
+        // Refusals are audited.
+        let audit = b.cli(["audit", "--json", "--item", "gated/x"]).stdoutText
+        #expect(audit.split(separator: "\n").filter { $0.contains("\"outcome\":\"audit-unavailable\"") }.count == 9)
+        // Once the fault is gone, the right password works again.
+        b.stop()
+        do {
+            let db = try Database(path: b.stateDirectory + "/vault.db")
+            try db.execute("DROP TRIGGER lockout_refuses_insert; DROP TRIGGER lockout_refuses_update;")
+            db.close()
+        }
+        try b.start()
+        #expect(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "right-password", name: "right2")]).stdoutText == "v")
+    }
+}
+
+final class StatusBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var values: [Int32] = []
+    func add(_ v: Int32) { lock.lock(); values.append(v); lock.unlock() }
+    var all: [Int32] { lock.lock(); defer { lock.unlock() }; return values }
+}

@@ -1,0 +1,57 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdCore
+@testable import KeyholdProtocol
+
+/// Issue 8: the broker's frame reader bounds the whole frame, not each `read`, and names the
+/// sender of the bytes from the kernel's credentials.
+struct TimedFrameReaderTests {
+    func pair() -> (reader: Int32, writer: Int32) {
+        var fds: [Int32] = [0, 0]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
+        var on: Int32 = 1
+        setsockopt(fds[0], SOL_SOCKET, SO_PASSCRED, &on, socklen_t(MemoryLayout<Int32>.size))
+        return (fds[0], fds[1])
+    }
+
+    @Test func aTricklingFrameTimesOutAsAWhole() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        // A frame header promising 100 bytes, then one byte every 50 ms: each read is quick,
+        // the frame never completes within its 300 ms.
+        let header: [UInt8] = [0, 0, 0, 100]
+        #expect(write(w, header, 4) == 4)
+        let writerFD = w
+        let trickle = Thread {
+            for _ in 0..<20 {
+                var b: UInt8 = 0x41
+                if send(writerFD, &b, 1, Int32(MSG_NOSIGNAL)) != 1 { return }
+                usleep(50_000)
+            }
+        }
+        trickle.start()
+        var reader = TimedFrameReader(fd: r)
+        var start = timespec(), end = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &start)
+        #expect(throws: FrameError.io(ETIMEDOUT)) { try reader.read(idleMilliseconds: 300, frameMilliseconds: 300) }
+        clock_gettime(CLOCK_MONOTONIC, &end)
+        let ms = (end.tv_sec - start.tv_sec) * 1000 + (end.tv_nsec - start.tv_nsec) / 1_000_000
+        #expect(ms < 1500, "the deadline held for the whole frame (took \(ms) ms)")
+        while !trickle.isFinished { usleep(10_000) }
+    }
+
+    @Test func anIdleConnectionTimesOutAndSendersAreNamed() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        var reader = TimedFrameReader(fd: r)
+        #expect(throws: FrameError.io(ETIMEDOUT)) { try reader.read(idleMilliseconds: 100, frameMilliseconds: 1000) }
+        let frame: [UInt8] = [0, 0, 0, 3, 1, 2, 3]
+        #expect(write(w, frame, frame.count) == frame.count)
+        let payload = try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)
+        #expect(payload?.withUnsafeBytes { Array($0) } == [1, 2, 3])
+        #expect(reader.senders == [FrameSender(pid: getpid(), uid: getuid(), gid: getgid())])
+        close(w)
+        #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000) == nil)
+    }
+}

@@ -1,0 +1,106 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdTestSupport
+
+/// Items whose policy needs authentication, through D-Bus: Locked until a Prompt runs the
+/// policy in the broker (password through $KEYHOLD_ASKPASS, as the CLI asks it).
+@Suite(.serialized) struct SecretServiceGateTests {
+    /// python secretstorage: the gated item's state, an unlock, and a read.
+    static let probe = """
+        import os, secretstorage
+        c = secretstorage.get_default_collection(secretstorage.dbus_init())
+        it = next(iter(c.search_items({"service": "gate", "account": "ann"})))
+        print("locked-before", it.is_locked())
+        try:
+            it.get_secret()
+            print("read-before released")
+        except secretstorage.exceptions.LockedException:
+            print("read-before locked")
+        if not os.environ.get("NO_UNLOCK"):
+            print("dismissed", it.unlock())
+        print("locked-after", it.is_locked())
+        try:
+            print("secret", it.get_secret())
+        except secretstorage.exceptions.LockedException:
+            print("secret locked")
+        """
+
+    func gated(askpass: String?) throws -> SecretServiceFixture {
+        let f = try SecretServiceFixture(startAgent: false)
+        #expect(f.cli(["put", "gate", "ann", "--policy", "device-passcode", "--reuse", "4"], stdin: "gated-secret").status == 0)
+        var env: [String: String] = [:]
+        if let askpass { env["KEYHOLD_ASKPASS"] = f.broker.askpass(answering: askpass == "cancel" ? nil : askpass, name: "ap-\(askpass)") }
+        try f.startAgent(environment: env)
+        return f
+    }
+
+    @Test func unlockPromptAnsweredThroughAskpassReleasesUntilTheWindowEnds() throws {
+        let f = try gated(askpass: "right")
+        let r = f.python(Self.probe)
+        #expect(r.status == 0, "\(r.stderr) \(f.log("agent.log"))")
+        #expect(r.stdoutText.contains("locked-before True"))
+        #expect(r.stdoutText.contains("read-before locked"))
+        #expect(r.stdoutText.contains("dismissed False"))
+        #expect(r.stdoutText.contains("locked-after False"))
+        #expect(r.stdoutText.contains("secret b'gated-secret'"))
+
+        // After the window (4 s) it is locked again: no read without a new prompt.
+        sleep(6)
+        let later = f.python(Self.probe, environment: ["NO_UNLOCK": "1"])
+        #expect(later.stdoutText.contains("locked-before True"), "\(later.stdoutText) \(later.stderr)")
+        #expect(later.stdoutText.contains("read-before locked"))
+        #expect(!later.stdoutText.contains("gated-secret"))
+
+        // libsecret unlocks what it finds locked (Unlock + Prompt), so secret-tool reads it
+        // after the askpass answer, and can then clear it without another prompt.
+        let lookup = f.secretTool(["lookup", "service", "gate", "account", "ann"])
+        #expect(lookup.status == 0 && lookup.stdoutText == "gated-secret", "\(lookup.stderr)")
+        let audit = f.cli(["audit", "--json", "--item", "gate/ann"])
+        #expect(audit.stdoutText.contains("claimed requester /usr/bin/secret-tool"), "\(audit.stdoutText)")
+        #expect(audit.stdoutText.contains("claimed requester /usr/bin/python3"), "\(audit.stdoutText)")
+        #expect(f.secretTool(["clear", "service", "gate", "account", "ann"]).status == 0)
+        #expect(!f.cli(["ls"]).stdoutText.contains("gate"))
+    }
+
+    @Test func wrongPasswordFailsAndIsAudited() throws {
+        let f = try gated(askpass: "wrong")
+        let r = f.python(Self.probe)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stdoutText.contains("dismissed True"))
+        #expect(r.stdoutText.contains("locked-after True"))
+        #expect(r.stdoutText.contains("secret locked"))
+        #expect(!r.stdoutText.contains("gated-secret"))
+        let audit = f.cli(["audit", "--json", "--item", "gate/ann"])
+        #expect(audit.stdoutText.contains("authentication-failed"), "\(audit.stdoutText)")
+    }
+
+    @Test func dismissedPromptOrNoAskpassLeavesItLocked() throws {
+        for mode in ["cancel", nil] as [String?] {
+            let f = try gated(askpass: mode)
+            let r = f.python(Self.probe)
+            #expect(r.status == 0, "\(r.stderr)")
+            #expect(r.stdoutText.contains("dismissed True"), "\(mode ?? "no askpass"): \(r.stdoutText)")
+            #expect(r.stdoutText.contains("secret locked"))
+        }
+        // Dismiss() itself: the prompt completes as dismissed and the item stays locked.
+        let f = try gated(askpass: "right")
+        let r = f.python("""
+            import secretstorage
+            from jeepney import DBusAddress, new_method_call, MatchRule, MessageType
+            conn = secretstorage.dbus_init()
+            c = secretstorage.get_default_collection(conn)
+            it = next(iter(c.search_items({"service": "gate"})))
+            svc = DBusAddress("/org/freedesktop/secrets", "org.freedesktop.secrets", "org.freedesktop.Secret.Service")
+            unlocked, prompt = conn.send_and_get_reply(new_method_call(svc, "Unlock", "ao", ([it.item_path],))).body
+            p = DBusAddress(prompt, "org.freedesktop.secrets", "org.freedesktop.Secret.Prompt")
+            rule = MatchRule(path=prompt, interface="org.freedesktop.Secret.Prompt", member="Completed", type=MessageType.signal)
+            with conn.filter(rule) as signals:
+                conn.send_and_get_reply(new_method_call(p, "Dismiss", "", ()))
+                print("completed", conn.recv_until_filtered(signals).body)
+            print("locked", it.is_locked())
+            """)
+        #expect(r.stdoutText.contains("completed (True, ('ao', []))"), "\(r.stdoutText) \(r.stderr)")
+        #expect(r.stdoutText.contains("locked True"))
+    }
+}
