@@ -13,6 +13,7 @@ public final class Broker: Sendable {
     /// Per-uid bound on audit growth, and the free space kept for the broker's own writes.
     let budget = AuditBudget()
     let reserve: FreeSpaceReserve
+    let leases = RotationLeases()
     /// How the vault key is kept, for `keyhold status`.
     let protection: VaultProtection
     /// `--rollback-anchor`: moved after every store call (RollbackAnchor.swift).

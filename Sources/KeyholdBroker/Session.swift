@@ -89,7 +89,7 @@ struct Session {
     }
 
     @discardableResult
-    private func send(_ message: BrokerMessage) -> Bool {
+    func send(_ message: BrokerMessage) -> Bool {
         do throws(FrameError) {
             try Frame.write(message.encode(), to: fd)
             return true
@@ -130,17 +130,18 @@ struct Session {
         case .auditPrune: return auditPrune(request)
         case .auditVerifyExport: return auditVerifyExport(request)
         case .status: return status(request)
+        case .rotate: return rotate(request)
         }
     }
 
-    private func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
+    func event(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem? = nil,
                        decision: AuditEvent.Decision, method: AuthMethod = .none, outcome: Outcome) -> AuditEvent {
         AuditEvent(caller: caller, operation: op, itemID: item?.id, item: request.item, decision: decision,
                    method: method, reason: request.reason, outcome: outcome)
     }
 
     /// Answers with `denial`, auditing it first.
-    private func deny(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem?, _ denial: Denial) -> Response {
+    func deny(_ request: Request, _ op: AuditEvent.Operation, item: StoredItem?, _ denial: Denial) -> Response {
         let decision: AuditEvent.Decision = [.integrityFailure, .otherError, .auditUnavailable].contains(denial.outcome) ? .error : .denied
         if !broker.audit(event(request, op, item: item, decision: decision, outcome: denial.outcome)) {
             return Response(.auditUnavailable)
@@ -151,7 +152,7 @@ struct Session {
     }
 
     /// Looks the item up for the caller's uid only: another user's item is simply not there.
-    private func lookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
+    func lookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
         broker.withStore { store in
             do throws(StoreError) {
                 return .success(try store.item(owner: caller.uid, service: ref.service, account: ref.account))
@@ -162,7 +163,7 @@ struct Session {
     }
 
     /// Runs the item's policy for this caller, relaying the conversation over this socket.
-    private func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
+    func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
         let lockout: LockoutRecord
         switch readLockout() {
         case .success(let r): lockout = r
@@ -209,7 +210,7 @@ struct Session {
     }
 
     /// Asks for the item's application password (after PAM), if its policy has one.
-    private func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
+    func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
         guard item.access.policy.requiresAppPassword else { return .success(nil) }
         guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
         switch ask(Prompt(style: .echoOff, purpose: .appPassword, text: "Application password for \(item.service) / \(item.account): ")) {
@@ -269,6 +270,7 @@ struct Session {
         case .success(let secret):
             var r = Response(.ok)
             r.secret = secret
+            r.generation = item.generation
             return r
         case .failure(let d):
             if d.outcome == .auditUnavailable {
@@ -282,6 +284,8 @@ struct Session {
     private func put(_ request: Request) -> Response {
         guard let ref = request.item, let secret = request.secret else { return Response(.usage) }
         let op: AuditEvent.Operation = request.update ? .update : .put
+        // The wire carries an expiry (issue 10) that this broker does not store yet: refuse, never drop it.
+        if request.expires != nil { return deny(request, op, item: nil, Denial(.usage, "this broker does not store expiry times yet")) }
         let policy: Policy
         do throws(Policy.ParseError) {
             policy = try Policy(parsing: request.policy ?? "none")
@@ -300,7 +304,7 @@ struct Session {
         }
         let access = AccessControl(policy: policy, allowedExecutables: request.allowedExecutables, reuseSeconds: request.reuseSeconds)
 
-        let existing: StoredItem?
+        var existing: StoredItem?
         switch lookup(ref) {
         case .failure(let d):
             // A damaged item may still be replaced with --update: its old policy cannot be
@@ -308,6 +312,12 @@ struct Session {
             // the new policy stand in. Refuse instead: nothing is silently overwritten.
             return deny(request, op, item: nil, d)
         case .success(let e): existing = e
+        }
+        if let found = existing, request.update {
+            switch settledForUpdate(request, ref, found) {  // --if-generation; waits for a rotation in progress
+            case .failure(let d): return deny(request, op, item: found, d)
+            case .success(let e): existing = e
+            }
         }
         var method = AuthMethod.none
         if let existing {

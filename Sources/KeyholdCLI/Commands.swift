@@ -15,6 +15,7 @@ public enum KeyholdCommand {
                 OptionSpec("--reuse", value: "SECONDS", help: "release without a prompt this long after an authentication (0-300)"),
                 OptionSpec("--allow-exe", value: "PATH", repeatable: true, help: "only this program may read the item"),
                 OptionSpec("--update", help: "replace an existing item (its current policy must be satisfied)"),
+                OptionSpec("--if-generation", value: "G", help: "with --update: only if the item is still at generation G (else exit 14)"),
             ], summary: """
                 Stores a secret read from standard input, exactly as given (from a terminal: asked
                 twice without echo, newline stripped). Never from the command line. Policies:
@@ -24,7 +25,9 @@ public enum KeyholdCommand {
             CommandSpec("get", positionals: ["SERVICE", "ACCOUNT"], options: [
                 OptionSpec("--reason", value: "TEXT", help: "why the secret is needed (shown and audited)"),
                 OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
+                OptionSpec("--json", help: "one JSON object: secret (base64), generation, expires"),
             ], summary: "Writes the item's secret, exactly as stored, to standard output."),
+            RotateCommand.spec,
             CommandSpec("rm", positionals: ["SERVICE", "ACCOUNT"], options: [
                 OptionSpec("--reason", value: "TEXT", help: "why the item is removed (shown and audited)"),
                 OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
@@ -67,7 +70,7 @@ public enum KeyholdCommand {
     public static func main(_ arguments: [String]) -> Int32 {
         let parsed: (globals: [String: String], command: ParsedCommand)
         do throws(ArgumentError) {
-            parsed = try parser.parse(arguments)
+            parsed = try parser.parse(RotateCommand.split(arguments).options)
         } catch .help(let text) {
             Output.out(text)
             return 0
@@ -82,6 +85,7 @@ public enum KeyholdCommand {
             switch c.name {
             case "put": try put(vault, c)
             case "get": try get(vault, c)
+            case "rotate": try RotateCommand.run(vault, c, command: RotateCommand.split(arguments).command)
             case "rm":
                 try vault.delete(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
                                  interaction: c.flag("--no-interaction") ? nil : PromptInteraction())
@@ -140,9 +144,14 @@ public enum KeyholdCommand {
             }
         }
         defer { appPassword?.wipe() }
+        var ifGeneration: UInt64?
+        if let g = c.value("--if-generation") {
+            guard c.flag("--update"), let n = UInt64(g) else { throw .invalidRequest("--if-generation wants --update and a generation number") }
+            ifGeneration = n
+        }
         if c.flag("--update") {
             try vault.update(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
-                             access: access, appPassword: appPassword, interaction: interaction)
+                             access: access, appPassword: appPassword, ifGeneration: ifGeneration, interaction: interaction)
         } else {
             try vault.add(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
                           access: access, appPassword: appPassword, interaction: interaction)
@@ -171,6 +180,14 @@ public enum KeyholdCommand {
 
     static func get(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
         let interaction = c.flag("--no-interaction") ? nil : PromptInteraction()
+        if c.flag("--json") {
+            let r = try vault.release(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
+                                      interaction: interaction)
+            defer { r.secret.wipe() }
+            Output.out(JSON.object([("secret", .string(Output.base64(r.secret))), ("generation", .number(Int64(clamping: r.generation))),
+                                    ("expires", r.expires.map { .string(Time.iso8601($0)) } ?? .null)]) + "\n")
+            return
+        }
         let secret = try vault.secret(service: c.positionals[0], account: c.positionals[1],
                                       reason: c.value("--reason"), interaction: interaction)
         defer { secret.wipe() }
@@ -193,8 +210,8 @@ public enum KeyholdCommand {
             }
             return
         }
-        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "LABEL"]]
-        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, i.label]) }
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "LABEL"]]
+        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation), i.label]) }
         Output.out(Output.table(rows))
     }
 

@@ -81,12 +81,14 @@ final class BrokerConnection {
     func perform(_ request: Request, interaction: Interaction?,
                  onItems: ([ItemInfo]) -> Void = { _ in },
                  onAudit: ([AuditEntryInfo]) -> Bool = { _ in true },
-                 onExportHeader: (AuditExportHeader) -> Void = { _ in }) throws(KeyholdError) -> Response {
+                 onExportHeader: (AuditExportHeader) -> Void = { _ in },
+                 onRotation: (SecureBytes, UInt64) -> ClientMessage = { _, _ in .cancel }) throws(KeyholdError) -> Response {
         var started = timespec()
         clock_gettime(CLOCK_MONOTONIC, &started)
         var attempt = 0
         while true {
-            let r = try performOnce(request, interaction: interaction, onItems: onItems, onAudit: onAudit, onExportHeader: onExportHeader)
+            let r = try performOnce(request, interaction: interaction, onItems: onItems, onAudit: onAudit,
+                                    onExportHeader: onExportHeader, onRotation: onRotation)
             // Busy comes before anything else of the request happened: asking again is safe.
             guard r.outcome == .busy, reconnect(attempt: attempt, started: started) else { return r }
             attempt += 1
@@ -95,7 +97,8 @@ final class BrokerConnection {
 
     private func performOnce(_ request: Request, interaction: Interaction?, onItems: ([ItemInfo]) -> Void,
                              onAudit: ([AuditEntryInfo]) -> Bool,
-                             onExportHeader: (AuditExportHeader) -> Void) throws(KeyholdError) -> Response {
+                             onExportHeader: (AuditExportHeader) -> Void,
+                             onRotation: (SecureBytes, UInt64) -> ClientMessage) throws(KeyholdError) -> Response {
         do throws(KeyholdError) {
             try send(.request(request))
         } catch {
@@ -120,6 +123,10 @@ final class BrokerConnection {
                 if !onAudit(entries) { return Response(.ok) }
             case .auditExportHeader(let header):
                 onExportHeader(header)
+            case .rotationCurrent(let current, let generation):
+                let reply = onRotation(current, generation)
+                current.wipe()
+                try send(reply)
             case .response(let r):
                 return r
             }

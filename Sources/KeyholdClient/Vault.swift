@@ -67,10 +67,10 @@ public struct Vault: Sendable {
     /// current policy. Throws `.notFound` if there is none.
     public func update(_ secret: SecureBytes, service: String, account: String, label: String = "",
                        kind: ItemKind = .generic, access: AccessControl = AccessControl(),
-                       appPassword: SecureBytes? = nil, reason: String? = nil,
+                       appPassword: SecureBytes? = nil, reason: String? = nil, ifGeneration: UInt64? = nil,
                        interaction: Interaction? = nil) throws(KeyholdError) {
         try store(secret, service: service, account: account, label: label, kind: kind, access: access,
-                  appPassword: appPassword, update: true, reason: reason, interaction: interaction)
+                  appPassword: appPassword, update: true, reason: reason, ifGeneration: ifGeneration, interaction: interaction)
     }
 
     /// The item's secret, after its policy is satisfied. Without `interaction`, a policy that
@@ -231,7 +231,7 @@ public struct Vault: Sendable {
 
     private func store(_ secret: SecureBytes, service: String, account: String, label: String, kind: ItemKind,
                        access: AccessControl, appPassword: SecureBytes?, update: Bool, reason: String? = nil,
-                       interaction: Interaction?) throws(KeyholdError) {
+                       ifGeneration: UInt64? = nil, interaction: Interaction?) throws(KeyholdError) {
         guard secret.count <= Limits.maxSecretBytes else {
             throw .invalidRequest("secret is \(secret.count) bytes; the limit is \(Limits.maxSecretBytes)")
         }
@@ -248,6 +248,7 @@ public struct Vault: Sendable {
         r.allowedExecutables = access.allowedExecutables
         r.reuseSeconds = access.reuseSeconds
         r.update = update
+        r.ifGeneration = ifGeneration
         r.reason = reason
         r.allowInteraction = interaction != nil
         _ = try perform(r, interaction: interaction)
@@ -256,16 +257,20 @@ public struct Vault: Sendable {
     func perform(_ request: Request, interaction: Interaction?, acceptNotFound: Bool = false,
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
+        try checkItemNames(request)
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        let response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
+        if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
+        throw KeyholdError(response)
+    }
+
+    func checkItemNames(_ request: Request) throws(KeyholdError) {
         if let item = request.item {
             guard !item.service.isEmpty, !item.account.isEmpty else { throw .invalidRequest("service and account must not be empty") }
             guard item.service.utf8.count <= Limits.maxTextBytes, item.account.utf8.count <= Limits.maxTextBytes else {
                 throw .invalidRequest("service or account longer than \(Limits.maxTextBytes) bytes")
             }
         }
-        let conn = try BrokerConnection(socketPath: socketPath)
-        defer { conn.close() }
-        let response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
-        if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
-        throw KeyholdError(response)
     }
 }

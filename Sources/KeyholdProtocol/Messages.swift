@@ -9,9 +9,11 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     /// How the vault is protected (key protector, rollback detection); the answer's `detail`
     /// is `key-protector=KIND rollback-detection=none|tpm-counter`.
     case status
+    /// Rotation (see RotationMessages.swift): `rotationCurrent`, then the client's `rotated`.
+    case rotate
 
     /// Operations that name one item.
-    var needsItem: Bool { [.put, .get, .delete, .state].contains(self) }
+    var needsItem: Bool { [.put, .get, .delete, .state, .rotate].contains(self) }
 }
 
 public struct ItemReference: Sendable, Equatable {
@@ -51,6 +53,12 @@ public struct Request {
     /// Set by the Secret Service agent: the pid the bus names as the D-Bus sender. A claim from
     /// a same-user process, never an identity: the broker records it as claimed only.
     public var claimedPID: Int32?
+    /// `put --update`: only if the item is still at this generation (else *conflict*).
+    public var ifGeneration: UInt64?
+    /// `rotate`: the lease's lifetime, 1 to `Limits.maxRotationSeconds`.
+    public var timeoutSeconds: UInt32?
+    /// `put`: when the secret expires, µs since the epoch.
+    public var expires: Int64?
 
     public init(_ operation: Operation, item: ItemReference? = nil) {
         self.operation = operation
@@ -131,9 +139,12 @@ public struct ItemInfo: Sendable, Equatable {
     public var updatedAt: Int64
     /// Grows on every change of the secret or policy (see VaultStore+Generation).
     public var generation: UInt64
+    /// When the secret expires (µs since the epoch), if it was given one.
+    public var expires: Int64?
     public init(id: String, service: String, account: String, label: String, kind: ItemKind, policy: String,
                 allowedExecutables: [String], reuseSeconds: UInt32, createdAt: Int64, updatedAt: Int64,
-                generation: UInt64 = 0) {
+                generation: UInt64 = 0, expires: Int64? = nil) {
+        self.expires = expires
         self.id = id; self.service = service; self.account = account; self.label = label; self.kind = kind
         self.policy = policy; self.allowedExecutables = allowedExecutables; self.reuseSeconds = reuseSeconds
         self.createdAt = createdAt; self.updatedAt = updatedAt; self.generation = generation
@@ -205,6 +216,9 @@ public struct Response {
     /// Biometry: enrolled finger names and the reader.
     public var fingers: [String] = []
     public var reader: String?
+    /// `get`/`rotate`: the item's generation and expiry (µs since the epoch) with its secret.
+    public var generation: UInt64?
+    public var expires: Int64?
 
     public init(_ outcome: Outcome, detail: String? = nil) {
         self.outcome = outcome
@@ -220,6 +234,8 @@ public enum ClientMessage {
     case auditRows([AuditEntryInfo])
     /// `auditVerifyExport`: the file has no more rows.
     case auditRowsEnd
+    /// `rotate`: the new secret the command produced, with its expiry if it printed one.
+    case rotated(SecureBytes, expires: Int64?)
 }
 
 public enum BrokerMessage {
@@ -229,6 +245,8 @@ public enum BrokerMessage {
     case auditEntries([AuditEntryInfo])
     /// Export: where the exported chain starts and ends; sent before its rows.
     case auditExportHeader(AuditExportHeader)
+    /// `rotate`: the lease is held; the current secret at `generation` for the command.
+    case rotationCurrent(SecureBytes, generation: UInt64)
     case response(Response)
 }
 
@@ -236,6 +254,7 @@ public enum BrokerMessage {
 
 private enum MessageType {
     static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3, auditRows: UInt8 = 4, auditRowsEnd: UInt8 = 5
+    static let rotated: UInt8 = 6, rotationCurrent: UInt8 = 16
     static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
     static let exportHeader: UInt8 = 15
 }
@@ -253,14 +272,16 @@ private enum RequestTag {
     static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
     static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
     static let claimedPID: UInt8 = 24
+    static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27
     static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: Set<UInt8> = Set(1...24)
+    static let all: Set<UInt8> = Set(1...27)
 }
 
 private enum ResponseTag {
     static let outcome: UInt8 = 1, detail: UInt8 = 2, secret: UInt8 = 3, state: UInt8 = 4, secondsLeft: UInt8 = 5
     static let count: UInt8 = 6, firstBad: UInt8 = 7, finger: UInt8 = 8, reader: UInt8 = 9
-    static let all: Set<UInt8> = Set(1...9)
+    static let generation: UInt8 = 10, expires: UInt8 = 11
+    static let all: Set<UInt8> = Set(1...11)
 }
 
 private enum ListTag {
@@ -270,8 +291,8 @@ private enum ListTag {
 private enum ItemTag {
     static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
     static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
-    static let generation: UInt8 = 11
-    static let all: Set<UInt8> = Set(1...11)
+    static let generation: UInt8 = 11, expires: UInt8 = 12
+    static let all: Set<UInt8> = Set(1...12)
 }
 
 private enum AuditTag {
@@ -301,6 +322,8 @@ extension ClientMessage {
                                          fields: rows.map { Field(ListTag.entry, .nested(BrokerMessage.fields(of: $0))) })
         case .auditRowsEnd:
             return PayloadEncoder.encode(type: MessageType.auditRowsEnd, fields: [])
+        case .rotated(let s, let expires):
+            return PayloadEncoder.encode(type: MessageType.rotated, fields: RotationWire.rotatedFields(s, expires))
         case .request(let r):
             var f: [Field] = [.number(RequestTag.operation, UInt64(r.operation.rawValue))]
             if let item = r.item {
@@ -330,6 +353,9 @@ extension ClientMessage {
                 f.append(Field(RequestTag.exportTag, .bytes(h.tag)))
             }
             if let pid = r.claimedPID { f.append(.number(RequestTag.claimedPID, UInt64(UInt32(bitPattern: pid)))) }
+            if let v = r.ifGeneration { f.append(.number(RequestTag.ifGeneration, v)) }
+            if let v = r.timeoutSeconds { f.append(.number(RequestTag.timeout, UInt64(v))) }
+            if let v = r.expires { f.append(.number(RequestTag.expires, UInt64(bitPattern: v))) }
             return PayloadEncoder.encode(type: MessageType.request, fields: f)
         }
     }
@@ -367,6 +393,9 @@ extension ClientMessage {
         case MessageType.auditRowsEnd:
             _ = try FieldSet.payload(payload, allowed: [])
             return .auditRowsEnd
+        case MessageType.rotated:
+            let (s, expires) = try RotationWire.decodeRotated(payload)
+            return .rotated(s, expires: expires)
         case MessageType.request:
             let fs = try FieldSet.payload(payload, allowed: RequestTag.all, repeatable: [RequestTag.allowExe])
             guard let raw = try fs.number(RequestTag.operation), raw <= 255, let op = Operation(rawValue: UInt8(raw)) else {
@@ -420,6 +449,8 @@ extension ClientMessage {
             } else if !headerTags.isEmpty {
                 throw .malformed("export header outside an export verification")
             }
+            try RotationWire.decodeRequestFields(fs, into: &r, ifGeneration: RequestTag.ifGeneration,
+                                                 timeout: RequestTag.timeout, expires: RequestTag.expires)
             return .request(r)
         default:
             throw .unexpectedMessage
@@ -452,6 +483,8 @@ extension BrokerMessage {
                 .number(ExportHeaderTag.throughSeq, UInt64(bitPattern: h.throughSeq)),
                 Field(ExportHeaderTag.throughMAC, .bytes(h.throughMAC)), Field(ExportHeaderTag.tag, .bytes(h.tag)),
             ])
+        case .rotationCurrent(let s, let generation):
+            return PayloadEncoder.encode(type: MessageType.rotationCurrent, fields: RotationWire.currentFields(s, generation))
         case .response(let r):
             var f: [Field] = [.number(ResponseTag.outcome, UInt64(r.outcome.rawValue))]
             if let d = r.detail { f.append(.text(ResponseTag.detail, String(d.utf8.prefix(Limits.maxTextBytes)) ?? "")) }
@@ -462,6 +495,8 @@ extension BrokerMessage {
             if let v = r.firstBadSeq { f.append(.number(ResponseTag.firstBad, v)) }
             for finger in r.fingers { f.append(.text(ResponseTag.finger, finger)) }
             if let reader = r.reader { f.append(.text(ResponseTag.reader, reader)) }
+            if let v = r.generation { f.append(.number(ResponseTag.generation, v)) }
+            if let v = r.expires { f.append(.number(ResponseTag.expires, UInt64(bitPattern: v))) }
             return PayloadEncoder.encode(type: MessageType.response, fields: f)
         }
     }
@@ -499,6 +534,7 @@ extension BrokerMessage {
             text(ItemTag.label, i.label); number(ItemTag.kind, UInt64(i.kind.rawValue)); text(ItemTag.policy, i.policy)
             number(ItemTag.reuse, UInt64(i.reuseSeconds)); number(ItemTag.created, UInt64(bitPattern: i.createdAt))
             number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)); number(ItemTag.generation, i.generation)
+            if let v = i.expires { number(ItemTag.expires, UInt64(bitPattern: v)) }
             for exe in i.allowedExecutables { text(ItemTag.allowExe, exe) }
             if buffer.count - 2 + 5 + entry.count > budget && buffer.count > 2 {
                 flush()
@@ -545,6 +581,7 @@ extension BrokerMessage {
             .number(ItemTag.reuse, UInt64(i.reuseSeconds)), .number(ItemTag.created, UInt64(bitPattern: i.createdAt)),
             .number(ItemTag.updated, UInt64(bitPattern: i.updatedAt)), .number(ItemTag.generation, i.generation),
         ]
+        if let v = i.expires { f.append(.number(ItemTag.expires, UInt64(bitPattern: v))) }
         for exe in i.allowedExecutables { f.append(.text(ItemTag.allowExe, exe)) }
         return f
     }
@@ -621,7 +658,8 @@ extension BrokerMessage {
                     policy: try e.requiredText(ItemTag.policy), allowedExecutables: try e.texts(ItemTag.allowExe),
                     reuseSeconds: UInt32(reuse), createdAt: Int64(bitPattern: try e.number(ItemTag.created) ?? 0),
                     updatedAt: Int64(bitPattern: try e.number(ItemTag.updated) ?? 0),
-                    generation: try e.number(ItemTag.generation) ?? 0))
+                    generation: try e.number(ItemTag.generation) ?? 0,
+                    expires: try e.number(ItemTag.expires).map { Int64(bitPattern: $0) }))
             }
             return .items(items)
         case MessageType.audit:
@@ -649,7 +687,12 @@ extension BrokerMessage {
             r.firstBadSeq = try fs.number(ResponseTag.firstBad)
             r.fingers = try fs.texts(ResponseTag.finger)
             r.reader = try fs.text(ResponseTag.reader)
+            r.generation = try fs.number(ResponseTag.generation)
+            r.expires = try fs.number(ResponseTag.expires).map { Int64(bitPattern: $0) }
             return .response(r)
+        case MessageType.rotationCurrent:
+            let (s, generation) = try RotationWire.decodeCurrent(payload)
+            return .rotationCurrent(s, generation: generation)
         default:
             throw .unexpectedMessage
         }

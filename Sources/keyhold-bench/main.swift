@@ -157,6 +157,7 @@ let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
 report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
 measureCLI("1,000")
+measureRotation()
 reportThroughput(socketPath: socketPath, items: stored)
 
 if maxItems >= 10_000 {

@@ -1,0 +1,161 @@
+import Glibc
+import KeyholdAuth
+import KeyholdCore
+import KeyholdVault
+import KeyholdProtocol
+
+/// `rotate` over one connection: the item's policy is satisfied once (the same gate as `get`),
+/// the rotation lease is taken, the current secret is released (audited first) for the
+/// caller's command, and the new secret it sends back is committed at the next generation
+/// (audited in the same transaction). Anything else — a cancel, a closed socket, the lease's
+/// time running out — commits nothing, and the lease ends with the conversation.
+///
+/// A caller that had to wait for another's lease and finds the item already at a newer
+/// generation gets that secret instead (`state` "rotated-elsewhere"): its command never runs,
+/// so N callers that want a fresh token at once cause one refresh.
+extension Session {
+    static let rotatedElsewhere = "rotated-elsewhere"
+
+    func rotate(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        let seconds = Int64(request.timeoutSeconds ?? Limits.defaultRotationSeconds) * 1000
+        let item: StoredItem
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .get, item: nil, d)
+        case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
+        case .success(let found?): item = found
+        }
+        var method: AuthMethod
+        switch authorize(item, request) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(let m): method = m
+        }
+        var appPassword: SecureBytes?
+        switch self.appPassword(for: item, request) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(let p): appPassword = p
+        }
+        defer { appPassword?.wipe() }
+        if appPassword != nil { method = method.adding(.appPassword) }
+
+        let token: UInt64
+        switch broker.leases.acquire(item.id, deadline: monotonicMilliseconds() + seconds, clientFD: fd) {
+        case .acquired(let t, _): token = t
+        case .timedOut: return deny(request, .get, item: item, Denial(.conflict, "another rotation of this item did not finish in time"))
+        case .callerLeft: return deny(request, .get, item: item, Denial(.userCanceled))
+        }
+        defer { broker.leases.release(item.id, token: token) }
+        // The lease's lifetime, plus a little so the client's own timeout (which kills its
+        // command and cancels) is the one that normally ends it.
+        let deadline = monotonicMilliseconds() + seconds + 5_000
+
+        // What was authorised is the item as first read; under the lease, read it again.
+        let current: StoredItem
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(nil): return deny(request, .get, item: item, Denial(.notFound))
+        case .success(let found?): current = found
+        }
+        guard current.id == item.id, current.access == item.access, current.biometryState == item.biometryState else {
+            return deny(request, .get, item: current, Denial(.conflict, "the item's policy changed; ask again"))
+        }
+        let secret: SecureBytes
+        switch release(current, request, method: method, appPassword: appPassword) {
+        case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
+        case .success(let s): secret = s
+        }
+        if current.generation != item.generation {
+            var r = Response(.ok)
+            r.secret = secret
+            r.generation = current.generation
+            r.state = Self.rotatedElsewhere
+            return r
+        }
+        let offered = send(.rotationCurrent(secret, generation: current.generation))
+        secret.wipe()
+        guard offered, let (newSecret, _) = awaitRotated(deadline: deadline) else {
+            return deny(request, .update, item: current, Denial(.userCanceled, "the rotation ended without a new secret; nothing changed"))
+        }
+        defer { newSecret.wipe() }
+        return commit(current, newSecret, request, method: method, appPassword: appPassword)
+    }
+
+    /// Opens the secret and commits its release entry; nothing is returned before that entry is in.
+    private func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
+                         appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
+        // An application password is a guess: counted before Argon2id checks it (as in `get`).
+        var attempt: AuthenticationAttempt?
+        if appPassword != nil {
+            switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
+            case .failure(let d): return .failure(d)
+            case .success(let a): attempt = a
+            }
+        }
+        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
+            let secret = try store.openSecret(item, appPassword: appPassword)
+            if let attempt, !attempt.succeededHoldingStore(store) { secret.wipe(); throw StoreError.auditWriteFailed }
+            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
+            return secret
+        }, discard: { $0.wipe() }) {
+        case .success(let secret): return .success(secret)
+        case .failure(.appPasswordWrong):
+            return .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): return .failure(Denial(error.outcome))
+        }
+    }
+
+    /// The client's new secret, or nil: a cancel, anything else, a closed socket, the deadline,
+    /// or a frame some other user's process wrote into the connection.
+    private func awaitRotated(deadline: Int64) -> (SecureBytes, Int64?)? {
+        let left = Int(deadline - monotonicMilliseconds())
+        guard left > 0 else { return nil }
+        var reader = TimedFrameReader(fd: fd)
+        do throws(FrameError) {
+            guard let payload = try reader.read(idleMilliseconds: left, frameMilliseconds: left) else {
+                return nil
+            }
+            defer { payload.wipe() }
+            guard reader.senders.allSatisfy({ $0.uid == caller.uid }) else { return nil }
+            if case .rotated(let s, let expires) = try ClientMessage.decode(payload) { return (s, expires) }
+            return nil
+        } catch {
+            return nil
+        }
+    }
+
+    /// The new secret at the next generation, its update entry in the same transaction; the
+    /// item's label, kind and access control stay as they are.
+    private func commit(_ item: StoredItem, _ secret: SecureBytes, _ request: Request, method: AuthMethod,
+                        appPassword: SecureBytes?) -> Response {
+        let newItem = NewItem(service: item.service, account: item.account, label: item.label, kind: item.kind,
+                              access: item.access, biometryState: item.biometryState)
+        let audit = event(request, .update, item: item, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
+            try store.replace(item, with: newItem, secret: secret, appPassword: appPassword, audit: audit)
+        }.mapError { Denial($0.outcome) }
+        switch result {
+        case .success(let stored):
+            var r = Response(.ok)
+            r.generation = stored.generation
+            return r
+        case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .update, item: item, d)
+        }
+    }
+
+    /// `put --update`: with `--if-generation`, *conflict* unless the item is still there;
+    /// without it, a rotation in progress is waited for (up to the longest lease) and the item
+    /// read again, so the put replaces what the rotation wrote, not what it started from.
+    func settledForUpdate(_ request: Request, _ ref: ItemReference, _ existing: StoredItem) -> Result<StoredItem?, Denial> {
+        if let g = request.ifGeneration {
+            return existing.generation == g ? .success(existing) : .failure(Denial(.conflict, "the item is at generation \(existing.generation)"))
+        }
+        guard broker.leases.isHeld(existing.id) else { return .success(existing) }
+        let deadline = monotonicMilliseconds() + Int64(Limits.maxRotationSeconds) * 1000
+        guard broker.leases.waitUntilFree(existing.id, deadline: deadline, clientFD: fd) else {
+            return .failure(Denial(.conflict, "a rotation of this item did not finish"))
+        }
+        return lookup(ref)
+    }
+}

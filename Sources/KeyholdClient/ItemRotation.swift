@@ -1,0 +1,96 @@
+import KeyholdCore
+import KeyholdProtocol
+
+/// What a rotation did.
+public struct RotationResult: Sendable {
+    /// The item's secret now: what `body` returned, or, when another caller's rotation
+    /// finished while this one waited, that caller's new secret (and `body` never ran).
+    public let secret: SecureBytes
+    public let generation: UInt64
+    /// False when another caller rotated the item first and `body` was not called.
+    public let rotatedHere: Bool
+}
+
+extension Vault {
+    /// Rotates a secret in one step, under one authentication: the broker checks the item's
+    /// policy (as for `secret(service:account:)`), takes the item's rotation lease, hands
+    /// `body` the current secret, and stores what `body` returns at the next generation. If
+    /// `body` throws, or `timeout` seconds (the lease's lifetime) pass, nothing changes.
+    /// While another caller holds the lease this waits (up to `timeout`); if that caller then
+    /// changed the item, its new secret is returned without calling `body`: one refresh for
+    /// all of them. The returned secret belongs to the caller (wipe it when done).
+    public func rotate(service: String, account: String, reason: String? = nil, timeout: UInt32? = nil,
+                       interaction: Interaction? = nil,
+                       _ body: (SecureBytes) throws -> SecureBytes) throws(KeyholdError) -> RotationResult {
+        if let timeout, timeout == 0 || timeout > Limits.maxRotationSeconds {
+            throw .invalidRequest("the timeout must be 1 to \(Limits.maxRotationSeconds) seconds")
+        }
+        var r = Request(.rotate, item: ItemReference(service: service, account: account))
+        r.reason = reason
+        r.timeoutSeconds = timeout
+        r.allowInteraction = interaction != nil
+        try checkItemNames(r)
+        var produced: SecureBytes?
+        var failure: KeyholdError?
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        let response = try conn.perform(r, interaction: interaction, onRotation: { current, _ in
+            do {
+                let next = try body(current)
+                guard next.count <= Limits.maxSecretBytes else {
+                    next.wipe()
+                    failure = .invalidRequest("the new secret exceeds the \(Limits.maxSecretBytes)-byte limit; nothing changed")
+                    return .cancel
+                }
+                produced = next
+                return .rotated(next, expires: nil)
+            } catch let e as KeyholdError {
+                failure = e
+            } catch {
+                failure = .other("the rotation failed (\(error)); nothing changed")
+            }
+            return .cancel
+        })
+        if let failure {
+            produced?.wipe()
+            response.secret?.wipe()
+            throw failure
+        }
+        guard response.outcome == .ok else {
+            produced?.wipe()
+            throw KeyholdError(response)
+        }
+        if let produced {
+            return RotationResult(secret: produced, generation: response.generation ?? 0, rotatedHere: true)
+        }
+        guard let secret = response.secret else { throw .other("the broker released no secret") }
+        return RotationResult(secret: secret, generation: response.generation ?? 0, rotatedHere: false)
+    }
+}
+
+/// A released secret with the item's generation (for `put --update --if-generation`).
+public struct ReleasedSecret: Sendable {
+    public let secret: SecureBytes
+    public let generation: UInt64
+    public let expires: Int64?
+}
+
+extension Vault {
+    /// Like `secret(service:account:)`, with the generation the secret was read at.
+    public func release(service: String, account: String, reason: String? = nil,
+                        interaction: Interaction? = nil) throws(KeyholdError) -> ReleasedSecret {
+        var r = Request(.get, item: ItemReference(service: service, account: account))
+        r.reason = reason
+        r.allowInteraction = interaction != nil
+        try checkItemNames(r)
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        let response = try conn.perform(r, interaction: interaction)
+        guard response.outcome == .ok else { throw KeyholdError(response) }
+        guard let secret = response.secret, let generation = response.generation else {
+            response.secret?.wipe()
+            throw .other("the broker released no secret or generation")
+        }
+        return ReleasedSecret(secret: secret, generation: generation, expires: response.expires)
+    }
+}
