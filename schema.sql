@@ -107,3 +107,10 @@ CREATE TABLE item_generation_head (
     digest BLOB NOT NULL,
     tag    BLOB NOT NULL
 );
+
+-- migrate:3
+
+-- Item expiry (issue 10, item 4): when the item's secret expires, µs since the epoch, or NULL.
+-- Informational (an expired item is still released; `state` says `expired`), but bound into
+-- the associated data of the item's boxes when set, so editing it on disk is integrity.
+ALTER TABLE items ADD COLUMN expires_us INTEGER;

@@ -271,6 +271,7 @@ struct Session {
             var r = Response(.ok)
             r.secret = secret
             r.generation = item.generation
+            r.expires = item.expires
             return r
         case .failure(let d):
             if d.outcome == .auditUnavailable {
@@ -284,8 +285,6 @@ struct Session {
     private func put(_ request: Request) -> Response {
         guard let ref = request.item, let secret = request.secret else { return Response(.usage) }
         let op: AuditEvent.Operation = request.update ? .update : .put
-        // The wire carries an expiry (issue 10) that this broker does not store yet: refuse, never drop it.
-        if request.expires != nil { return deny(request, op, item: nil, Denial(.usage, "this broker does not store expiry times yet")) }
         let policy: Policy
         do throws(Policy.ParseError) {
             policy = try Policy(parsing: request.policy ?? "none")
@@ -336,7 +335,7 @@ struct Session {
             biometryState = digest.bytes
         }
         let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
-                              access: access, biometryState: biometryState)
+                              access: access, biometryState: biometryState, expires: request.expires)
         let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
             if let existing {
@@ -486,7 +485,7 @@ struct Session {
                 ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
                          policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
                          reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
-                         generation: i.generation)
+                         generation: i.generation, expires: i.expires)
             }
             for payload in BrokerMessage.encodedItemBatches(infos) {
                 do throws(FrameError) {
@@ -527,9 +526,13 @@ struct Session {
                 let free = constraints.isEmpty
                     || gate.reuseGrant(for: caller, item: item, constraints: constraints, now: currentMicroseconds())
                 r.state = free && !item.access.policy.requiresAppPassword ? "available" : "requires-authentication"
+                // Past its expiry the item is still released (the caller decides); `state` says so.
+                if let expires = item.expires, expires <= currentMicroseconds() { r.state = "expired" }
             } else {
                 r.state = "invalidated"
             }
+            r.generation = item.generation
+            r.expires = item.expires
             guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
             return r
         }

@@ -68,16 +68,17 @@ extension Session {
             var r = Response(.ok)
             r.secret = secret
             r.generation = current.generation
+            r.expires = current.expires
             r.state = Self.rotatedElsewhere
             return r
         }
         let offered = send(.rotationCurrent(secret, generation: current.generation))
         secret.wipe()
-        guard offered, let (newSecret, _) = awaitRotated(deadline: deadline) else {
+        guard offered, let (newSecret, expires) = awaitRotated(deadline: deadline) else {
             return deny(request, .update, item: current, Denial(.userCanceled, "the rotation ended without a new secret; nothing changed"))
         }
         defer { newSecret.wipe() }
-        return commit(current, newSecret, request, method: method, appPassword: appPassword)
+        return commit(current, newSecret, expires: expires, request, method: method, appPassword: appPassword)
     }
 
     /// Opens the secret and commits its release entry; nothing is returned before that entry is in.
@@ -126,10 +127,12 @@ extension Session {
 
     /// The new secret at the next generation, its update entry in the same transaction; the
     /// item's label, kind and access control stay as they are.
-    private func commit(_ item: StoredItem, _ secret: SecureBytes, _ request: Request, method: AuthMethod,
+    /// The expiry is the new secret's (`rotate --expires`), none if not given: the old one
+    /// described the secret being replaced.
+    private func commit(_ item: StoredItem, _ secret: SecureBytes, expires: Int64?, _ request: Request, method: AuthMethod,
                         appPassword: SecureBytes?) -> Response {
         let newItem = NewItem(service: item.service, account: item.account, label: item.label, kind: item.kind,
-                              access: item.access, biometryState: item.biometryState)
+                              access: item.access, biometryState: item.biometryState, expires: expires)
         let audit = event(request, .update, item: item, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
             try store.replace(item, with: newItem, secret: secret, appPassword: appPassword, audit: audit)
@@ -138,6 +141,7 @@ extension Session {
         case .success(let stored):
             var r = Response(.ok)
             r.generation = stored.generation
+            r.expires = stored.expires
             return r
         case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
         case .failure(let d): return deny(request, .update, item: item, d)

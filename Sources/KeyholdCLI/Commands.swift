@@ -16,6 +16,7 @@ public enum KeyholdCommand {
                 OptionSpec("--allow-exe", value: "PATH", repeatable: true, help: "only this program may read the item"),
                 OptionSpec("--update", help: "replace an existing item (its current policy must be satisfied)"),
                 OptionSpec("--if-generation", value: "G", help: "with --update: only if the item is still at generation G (else exit 14)"),
+                OptionSpec("--expires", value: "TIME", help: "when the secret expires (TIME as for audit --since); state says expired after"),
             ], summary: """
                 Stores a secret read from standard input, exactly as given (from a terminal: asked
                 twice without echo, newline stripped). Never from the command line. Policies:
@@ -34,9 +35,11 @@ public enum KeyholdCommand {
             ], summary: "Removes an item, after its policy is satisfied (a damaged or invalidated item: after your password)."),
             CommandSpec("ls", options: [OptionSpec("--json", help: "one JSON object per line")],
                         summary: "Lists your items' metadata (never a secret)."),
-            CommandSpec("state", positionals: ["SERVICE", "ACCOUNT"], summary: """
-                Prints one word: available, requires-authentication, invalidated or not-found.
-                Never prompts.
+            CommandSpec("state", positionals: ["SERVICE", "ACCOUNT"], options: [
+                OptionSpec("--json", help: "one JSON object: state, generation, expires"),
+            ], summary: """
+                Prints one word: available, requires-authentication, invalidated, expired or
+                not-found. Never prompts.
                 """),
             CommandSpec("lock", summary: "Ends every authentication reuse window of yours at once."),
             CommandSpec("status", summary: "Shows how the broker protects the vault: key protector (tpm or file), rollback detection."),
@@ -149,13 +152,24 @@ public enum KeyholdCommand {
             guard c.flag("--update"), let n = UInt64(g) else { throw .invalidRequest("--if-generation wants --update and a generation number") }
             ifGeneration = n
         }
+        let expires = try expiry(c)
         if c.flag("--update") {
             try vault.update(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
-                             access: access, appPassword: appPassword, ifGeneration: ifGeneration, interaction: interaction)
+                             access: access, appPassword: appPassword, ifGeneration: ifGeneration, expires: expires,
+                             interaction: interaction)
         } else {
             try vault.add(secret, service: service, account: account, label: c.value("--label") ?? "", kind: kind,
-                          access: access, appPassword: appPassword, interaction: interaction)
+                          access: access, appPassword: appPassword, expires: expires, interaction: interaction)
         }
+    }
+
+    /// `--expires TIME` (the forms of `audit --since`), µs since the epoch.
+    static func expiry(_ c: ParsedCommand) throws(KeyholdError) -> Int64? {
+        guard let text = c.value("--expires") else { return nil }
+        guard let t = Time.parse(text) else {
+            throw .invalidRequest("--expires wants 2026-12-02T10:00:00Z, 2026-12-02, @EPOCH or now")
+        }
+        return t
     }
 
     /// The secret for `put`: all of standard input, or from a terminal, asked twice.
@@ -206,19 +220,29 @@ public enum KeyholdCommand {
                     ("reuse_seconds", .number(Int64(i.reuseSeconds))),
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
                     ("generation", .number(Int64(clamping: i.generation))),
+                    ("expires", i.expires.map { .string(Time.iso8601($0)) } ?? .null),
                 ]) + "\n")
             }
             return
         }
-        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "LABEL"]]
-        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation), i.label]) }
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "EXPIRES", "LABEL"]]
+        for i in items {
+            rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation),
+                         i.expires.map { Time.iso8601($0) } ?? "-", i.label])
+        }
         Output.out(Output.table(rows))
     }
 
     static func state(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
         let service = c.positionals[0], account = c.positionals[1]
-        let s = try vault.status(service: service, account: account)
-        Output.out(s.state.rawValue + "\n")
+        let s = try vault.itemStatus(service: service, account: account)
+        if c.flag("--json") {
+            Output.out(JSON.object([("state", .string(s.state.rawValue)),
+                                    ("generation", s.generation.map { .number(Int64(clamping: $0)) } ?? .null),
+                                    ("expires", s.expires.map { .string(Time.iso8601($0)) } ?? .null)]) + "\n")
+        } else {
+            Output.out(s.state.rawValue + "\n")
+        }
         if let left = s.lockoutSecondsLeft {
             Output.err("locked out for \(left) more seconds")
         }

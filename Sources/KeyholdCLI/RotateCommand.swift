@@ -13,6 +13,7 @@ enum RotateCommand {
         OptionSpec("--timeout", value: "SECONDS", help: "the lease's lifetime and the longest wait for another rotation (default 60)"),
         OptionSpec("--print", help: "write the new secret to standard output"),
         OptionSpec("--no-interaction", help: "fail with exit 7 rather than prompt"),
+        OptionSpec("--expires", value: "TIME", help: "when the new secret expires (as for put); without it, none"),
     ], summary: """
         Rotates a secret under one authentication: runs COMMAND (after --) with the current
         secret on its stdin and stores its stdout as the new secret if it exits 0. While another
@@ -36,11 +37,12 @@ enum RotateCommand {
             }
             timeout = n
         }
+        let expires = try KeyholdCommand.expiry(c)
         guard let path = resolve(program) else { throw .invalidRequest("command not found: \(program)") }
         let interaction = c.flag("--no-interaction") ? nil : PromptInteraction()
         signal(SIGPIPE, SIG_IGN)  // a command that does not read its stdin must not kill us
         let result = try vault.rotate(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
-                                      timeout: timeout, interaction: interaction) { current throws -> SecureBytes in
+                                      timeout: timeout, expires: expires, interaction: interaction) { current throws -> SecureBytes in
             try runCommand(path, Array(command.dropFirst()), input: current, seconds: timeout)
         }
         defer { result.secret.wipe() }

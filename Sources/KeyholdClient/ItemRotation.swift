@@ -7,6 +7,8 @@ public struct RotationResult: Sendable {
     /// finished while this one waited, that caller's new secret (and `body` never ran).
     public let secret: SecureBytes
     public let generation: UInt64
+    /// The item's expiry now (the one given to this rotation, or the other caller's).
+    public let expires: Int64?
     /// False when another caller rotated the item first and `body` was not called.
     public let rotatedHere: Bool
 }
@@ -19,8 +21,9 @@ extension Vault {
     /// While another caller holds the lease this waits (up to `timeout`); if that caller then
     /// changed the item, its new secret is returned without calling `body`: one refresh for
     /// all of them. The returned secret belongs to the caller (wipe it when done).
+    /// `expires` (µs since the epoch) is stored with the new secret; nil stores none.
     public func rotate(service: String, account: String, reason: String? = nil, timeout: UInt32? = nil,
-                       interaction: Interaction? = nil,
+                       expires: Int64? = nil, interaction: Interaction? = nil,
                        _ body: (SecureBytes) throws -> SecureBytes) throws(KeyholdError) -> RotationResult {
         if let timeout, timeout == 0 || timeout > Limits.maxRotationSeconds {
             throw .invalidRequest("the timeout must be 1 to \(Limits.maxRotationSeconds) seconds")
@@ -43,7 +46,7 @@ extension Vault {
                     return .cancel
                 }
                 produced = next
-                return .rotated(next, expires: nil)
+                return .rotated(next, expires: expires)
             } catch let e as KeyholdError {
                 failure = e
             } catch {
@@ -61,10 +64,12 @@ extension Vault {
             throw KeyholdError(response)
         }
         if let produced {
-            return RotationResult(secret: produced, generation: response.generation ?? 0, rotatedHere: true)
+            return RotationResult(secret: produced, generation: response.generation ?? 0, expires: response.expires,
+                                  rotatedHere: true)
         }
         guard let secret = response.secret else { throw .other("the broker released no secret") }
-        return RotationResult(secret: secret, generation: response.generation ?? 0, rotatedHere: false)
+        return RotationResult(secret: secret, generation: response.generation ?? 0, expires: response.expires,
+                              rotatedHere: false)
     }
 }
 

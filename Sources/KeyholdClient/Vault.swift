@@ -17,7 +17,17 @@ public enum ItemState: String, Sendable {
     case available
     case requiresAuthentication = "requires-authentication"
     case invalidated
+    /// Past the expiry it was stored with; still released (the caller decides).
+    case expired
     case notFound = "not-found"
+}
+
+/// `state` with the item's generation and expiry (nil generation: no such item).
+public struct ItemStatus: Sendable {
+    public let state: ItemState
+    public let lockoutSecondsLeft: UInt64?
+    public let generation: UInt64?
+    public let expires: Int64?
 }
 
 /// The enrolled fingerprints the broker sees for the caller.
@@ -58,9 +68,9 @@ public struct Vault: Sendable {
     /// An `appPassword` is required exactly when the policy has `+app-password`.
     public func add(_ secret: SecureBytes, service: String, account: String, label: String = "",
                     kind: ItemKind = .generic, access: AccessControl = AccessControl(),
-                    appPassword: SecureBytes? = nil, interaction: Interaction? = nil) throws(KeyholdError) {
+                    appPassword: SecureBytes? = nil, expires: Int64? = nil, interaction: Interaction? = nil) throws(KeyholdError) {
         try store(secret, service: service, account: account, label: label, kind: kind, access: access,
-                  appPassword: appPassword, update: false, interaction: interaction)
+                  appPassword: appPassword, update: false, expires: expires, interaction: interaction)
     }
 
     /// Replaces an existing item's secret, label and access control, after satisfying its
@@ -68,9 +78,10 @@ public struct Vault: Sendable {
     public func update(_ secret: SecureBytes, service: String, account: String, label: String = "",
                        kind: ItemKind = .generic, access: AccessControl = AccessControl(),
                        appPassword: SecureBytes? = nil, reason: String? = nil, ifGeneration: UInt64? = nil,
-                       interaction: Interaction? = nil) throws(KeyholdError) {
+                       expires: Int64? = nil, interaction: Interaction? = nil) throws(KeyholdError) {
         try store(secret, service: service, account: account, label: label, kind: kind, access: access,
-                  appPassword: appPassword, update: true, reason: reason, ifGeneration: ifGeneration, interaction: interaction)
+                  appPassword: appPassword, update: true, reason: reason, ifGeneration: ifGeneration, expires: expires,
+                  interaction: interaction)
     }
 
     /// The item's secret, after its policy is satisfied. Without `interaction`, a policy that
@@ -113,12 +124,19 @@ public struct Vault: Sendable {
 
     /// The item's state and, when the caller is locked out, the seconds left — one request.
     public func status(service: String, account: String) throws(KeyholdError) -> (state: ItemState, lockoutSecondsLeft: UInt64?) {
+        let s = try itemStatus(service: service, account: account)
+        return (s.state, s.lockoutSecondsLeft)
+    }
+
+    /// The item's state, generation and expiry, and the caller's lockout — one request.
+    public func itemStatus(service: String, account: String) throws(KeyholdError) -> ItemStatus {
         let response = try perform(Request(.state, item: ItemReference(service: service, account: account)),
                                    interaction: nil, acceptNotFound: true)
         guard let word = response.state, let state = ItemState(rawValue: word) else {
             throw .other("the broker sent an unknown item state")
         }
-        return (state, response.secondsLeft)
+        return ItemStatus(state: state, lockoutSecondsLeft: response.secondsLeft, generation: response.generation,
+                          expires: response.expires)
     }
 
     /// How the broker protects the vault: `key-protector=KIND rollback-detection=...`.
@@ -231,7 +249,7 @@ public struct Vault: Sendable {
 
     private func store(_ secret: SecureBytes, service: String, account: String, label: String, kind: ItemKind,
                        access: AccessControl, appPassword: SecureBytes?, update: Bool, reason: String? = nil,
-                       ifGeneration: UInt64? = nil, interaction: Interaction?) throws(KeyholdError) {
+                       ifGeneration: UInt64? = nil, expires: Int64? = nil, interaction: Interaction?) throws(KeyholdError) {
         guard secret.count <= Limits.maxSecretBytes else {
             throw .invalidRequest("secret is \(secret.count) bytes; the limit is \(Limits.maxSecretBytes)")
         }
@@ -249,6 +267,7 @@ public struct Vault: Sendable {
         r.reuseSeconds = access.reuseSeconds
         r.update = update
         r.ifGeneration = ifGeneration
+        r.expires = expires
         r.reason = reason
         r.allowInteraction = interaction != nil
         _ = try perform(r, interaction: interaction)

@@ -38,9 +38,12 @@ public struct NewItem: Sendable, Equatable {
     /// Digest of the enrolled fingerprint set (32 bytes), set by the broker for
     /// `biometry-current-set` items; bound into the item's associated data.
     public var biometryState: [UInt8]?
+    /// When the secret expires (µs since the epoch); bound into the associated data.
+    public var expires: Int64?
 
     public init(service: String, account: String, label: String = "", kind: ItemKind = .generic,
-                access: AccessControl = AccessControl(), biometryState: [UInt8]? = nil) {
+                access: AccessControl = AccessControl(), biometryState: [UInt8]? = nil, expires: Int64? = nil) {
+        self.expires = expires
         self.service = service
         self.account = account
         self.label = label

@@ -19,6 +19,10 @@ public struct AssociatedData: Sendable, Equatable {
     /// Grows on every change of the item's secret or policy; an older row of the same item
     /// carries an older generation, which the store refuses.
     public var generation: UInt64 = 0
+    /// When the secret expires (µs since the epoch). Appended only when set, so rows sealed
+    /// before expiries existed keep their encoding; setting, clearing or moving it on disk
+    /// changes the bytes and every box fails.
+    public var expires: Int64? = nil
 
     /// Which box of an item the bytes authenticate. Part of the encoding, so a box cannot be
     /// moved into another slot of the same item.
@@ -60,6 +64,10 @@ public struct AssociatedData: Sendable, Equatable {
         e.append(access.reuseSeconds)
         e.append(optionalBytes: biometryState)
         e.append(optionalBytes: passwordHashing?.encoded)
+        if let expires {
+            e.append("expires")
+            e.append(UInt64(bitPattern: expires))
+        }
         return e.bytes
     }
 }

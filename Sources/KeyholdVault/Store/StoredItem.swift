@@ -19,11 +19,13 @@ public struct StoredItem: Sendable, Equatable {
     /// Grows on every change of the secret or policy (1 when added; 0 for an item stored
     /// before generations existed). A change based on an older read is `.conflict`.
     public let generation: UInt64
+    /// When the secret expires (µs since the epoch), if it was given one; authenticated.
+    public var expires: Int64? = nil
 
     var associatedData: AssociatedData {
         AssociatedData(itemID: id, owner: owner, service: service, account: account, kind: kind,
                        access: access, biometryState: biometryState, passwordHashing: passwordHashing,
-                       generation: generation)
+                       generation: generation, expires: expires)
     }
 }
 

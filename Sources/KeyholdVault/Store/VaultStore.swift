@@ -177,7 +177,7 @@ public final class VaultStore {
 
     // MARK: Items
 
-    static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us, generation"
+    static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us, generation, expires_us"
 
     /// The columns of an item row, as read (possibly altered on disk).
     struct ItemRow {
@@ -194,12 +194,14 @@ public final class VaultStore {
         var createdAt: Int64
         var updatedAt: Int64
         var generation: Int64
+        var expires: Int64?
 
         init(_ s: Statement) {
             id = s.blob(0); owner = s.int64(1); lookup = s.blob(2); kind = s.int64(3); policy = s.text(4)
             allowedExecutables = s.blob(5); reuseSeconds = s.int64(6); biometryState = s.optionalBlob(7)
             passwordHashing = s.optionalBlob(8); attributes = s.blob(9); createdAt = s.int64(10); updatedAt = s.int64(11)
             generation = s.int64(12)
+            expires = s.isNull(13) ? nil : s.int64(13)
         }
     }
 
@@ -228,7 +230,8 @@ public final class VaultStore {
         let generation = UInt64(row.generation)
         let access = AccessControl(policy: policy, allowedExecutables: executables, reuseSeconds: reuse)
         var ad = AssociatedData(itemID: id, owner: owner, service: "", account: "", kind: kind, access: access,
-                                biometryState: row.biometryState, passwordHashing: passwordHashing, generation: generation)
+                                biometryState: row.biometryState, passwordHashing: passwordHashing, generation: generation,
+                                expires: row.expires)
         let names: [UInt8]
         do {
             names = try SealedBox(combined: row.attributes).openAttributes(using: attributeKey, authenticating: ad.encoded(for: .attributes, policyText: row.policy))
@@ -247,7 +250,8 @@ public final class VaultStore {
         ad.account = account
         return StoredItem(id: id, owner: owner, service: service, account: account, label: label, kind: kind,
                           access: access, biometryState: row.biometryState, createdAt: row.createdAt,
-                          updatedAt: row.updatedAt, passwordHashing: passwordHashing, generation: generation)
+                          updatedAt: row.updatedAt, passwordHashing: passwordHashing, generation: generation,
+                          expires: row.expires)
     }
 
     private func cachedPolicy(_ text: String) -> Policy? {
@@ -347,7 +351,7 @@ public final class VaultStore {
                 try s.bind(3, Int64(max(limit, 1)))
                 while try s.step() {
                     rows += 1
-                    last = s.int64(13)
+                    last = s.int64(14)
                     if let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
                        item.owner == owner { items.append(item) } else { damaged += 1 }
                 }
@@ -394,7 +398,7 @@ public final class VaultStore {
         let params = item.access.policy.requiresAppPassword ? PasswordHashParameters.generate(passwordHashing) : nil
         let ad = AssociatedData(itemID: id, owner: owner, service: item.service, account: item.account, kind: item.kind,
                                 access: item.access, biometryState: item.biometryState, passwordHashing: params,
-                                generation: generation)
+                                generation: generation, expires: item.expires)
         var names = CanonicalEncoder(domain: "attributes")
         names.append(item.service)
         names.append(item.account)
@@ -439,8 +443,8 @@ public final class VaultStore {
             do throws(DatabaseError) {
                 try db.withStatement("""
                     INSERT INTO items (id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds,
-                        biometry_state, pwhash_params, attributes, wrapped_key, secret, created_us, updated_us, generation)
-                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14)
+                        biometry_state, pwhash_params, attributes, wrapped_key, secret, created_us, updated_us, generation, expires_us)
+                    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?16)
                     """) { (s) throws(DatabaseError) in
                     try bindItem(s, id: id, owner: owner, item, sealed)
                     try s.bind(13, now)
@@ -459,7 +463,8 @@ public final class VaultStore {
         commitGeneration(id, generation, digest: digest, record: record)
         return StoredItem(id: id, owner: owner, service: item.service, account: item.account, label: item.label,
                           kind: item.kind, access: item.access, biometryState: item.biometryState, createdAt: now,
-                          updatedAt: now, passwordHashing: sealed.passwordHashing, generation: generation)
+                          updatedAt: now, passwordHashing: sealed.passwordHashing, generation: generation,
+                          expires: item.expires)
     }
 
     /// A store transaction that changes the generation record. The in-memory record is updated
@@ -493,6 +498,7 @@ public final class VaultStore {
         try s.bind(10, blob: sealed.attributes.combined)
         try s.bind(11, blob: sealed.wrappedKey.combined)
         try s.bind(12, blob: sealed.secret.combined)
+        if let expires = item.expires { try s.bind(16, expires) } else { try s.bindNull(16) }
     }
 
     /// Replaces an item's secret, names and access in place (same id, same creation time),
@@ -519,7 +525,7 @@ public final class VaultStore {
                 changed = try db.withStatement("""
                     UPDATE items SET lookup = ?3, kind = ?4, policy = ?5, allowed_executables = ?6, reuse_seconds = ?7,
                         biometry_state = ?8, pwhash_params = ?9, attributes = ?10, wrapped_key = ?11, secret = ?12,
-                        updated_us = ?13, generation = ?14
+                        updated_us = ?13, generation = ?14, expires_us = ?16
                     WHERE id = ?1 AND owner_uid = ?2 AND generation = ?15
                     """) { (s) throws(DatabaseError) in
                     try bindItem(s, id: existing.id, owner: existing.owner, item, sealed)
@@ -543,7 +549,7 @@ public final class VaultStore {
         return StoredItem(id: existing.id, owner: existing.owner, service: item.service, account: item.account,
                           label: item.label, kind: item.kind, access: item.access, biometryState: item.biometryState,
                           createdAt: existing.createdAt, updatedAt: now, passwordHashing: sealed.passwordHashing,
-                          generation: generation)
+                          generation: generation, expires: item.expires)
     }
 
     /// Deletes an item (secure_delete overwrites its pages) and its generation, so its row
@@ -632,7 +638,7 @@ public final class VaultStore {
         do {
             fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
                 try s.bind(1, blob: item.id.bytes)
-                return try s.step() ? (ItemRow(s), s.blob(13), s.blob(14)) : nil
+                return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
             }
         } catch { throw StoreError.from(error) }
         guard let (row, wrappedRaw, secretRaw) = fetched else { throw .notFound }
