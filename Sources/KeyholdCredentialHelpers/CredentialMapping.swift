@@ -6,11 +6,13 @@ import KeyholdCore
 ///
 /// - git: service `git:PROTOCOL://HOST[:PORT][/PATH]`, account = username, kind `password`
 ///   (`refresh-token` when git passed an `oauth_refresh_token`). The secret is the password
-///   itself; with a refresh token or an expiry it is `\0keyhold-git\n` followed by
-///   `password=`, `password_expiry_utc=` and `oauth_refresh_token=` lines (a password from git
-///   never holds a NUL or newline, so the two forms cannot be confused). The expiry is also the
-///   label `password_expiry_utc=SECONDS`, which a lookup without a username checks before
-///   releasing anything; a lookup by username reads the item directly, without listing the vault.
+///   itself; with a refresh token it is `\0keyhold-git\n` followed by `password=` and
+///   `oauth_refresh_token=` lines (a password from git never holds a NUL or newline, so the two
+///   forms cannot be confused). `password_expiry_utc` is the item's expiry (`keyhold put
+///   --expires`: authenticated, shown by `ls` and `state`), which a lookup without a username
+///   checks before releasing anything; a lookup by username reads the item directly.
+///   Items stored before items had an expiry kept it in the label `password_expiry_utc=SECONDS`
+///   and a `password_expiry_utc=` line of the blob: still read, never written.
 /// - docker: service `docker:HOST[:PORT]` (lower case, scheme and path dropped, as docker's
 ///   `ConvertToHostname`), account = Username (`<token>` for identity tokens), kind
 ///   `password`, label = the ServerURL as stored, which `list` reports.
@@ -30,6 +32,16 @@ public enum CredentialMapping {
     public static func gitLabel(expiry: Int64?) -> String {
         expiry.map { "\(expiryLabelPrefix)\($0)" } ?? gitLabel
     }
+
+    /// An item's expiry in seconds (git's unit): its own, else a legacy label's.
+    public static func expiry(of item: ItemInfo) -> Int64? {
+        item.expires.map(seconds) ?? expiry(fromLabel: item.label)
+    }
+
+    /// µs since the epoch (the vault's unit) to whole seconds, rounded down; and back.
+    public static func seconds(_ micros: Int64) -> Int64 { micros >= 0 ? micros / 1_000_000 : (micros - 999_999) / 1_000_000 }
+    public static func microseconds(_ seconds: Int64) -> Int64 { seconds.multipliedReportingOverflow(by: 1_000_000).overflow
+        ? (seconds < 0 ? Int64.min : Int64.max) : seconds * 1_000_000 }
 
     public static func expiry(fromLabel label: String) -> Int64? {
         guard label.hasPrefix(expiryLabelPrefix) else { return nil }

@@ -115,22 +115,24 @@ public enum GitCredentialHelper {
     static func account(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) -> String? {
         if let u = request.username, !u.isEmpty { return u }
         guard let item = try item(vault, service, nil) else { return nil }
-        if let expiry = CredentialMapping.expiry(fromLabel: item.label), expiry <= CredentialMapping.now() { return nil }
+        if let expiry = CredentialMapping.expiry(of: item), expiry <= CredentialMapping.now() { return nil }
         return item.account
     }
 
     static func get(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) {
         guard let account = try account(vault, service, request) else { return }
-        let secret: SecureBytes
+        let released: ReleasedSecret
         do throws(KeyholdError) {
-            secret = try vault.secret(service: service, account: account, reason: "git credential get", interaction: interaction())
+            released = try vault.release(service: service, account: account, reason: "git credential get", interaction: interaction())
         } catch {
             try declined(error, service, "git will ask instead")
             return
         }
+        let secret = released.secret
         defer { secret.wipe() }
-        let (password, refresh, expiry) = CredentialMapping.gitCredential(fromSecret: secret)
+        let (password, refresh, legacyExpiry) = CredentialMapping.gitCredential(fromSecret: secret)
         defer { password.wipe(); refresh?.wipe() }
+        let expiry = released.expires.map(CredentialMapping.seconds) ?? legacyExpiry
         if let expiry, expiry <= CredentialMapping.now() { return }  // git would reject it anyway
         guard let reply = GitCredentialProtocol.reply(username: account, password: password, expiry: expiry, refreshToken: refresh) else {
             HelperInput.complain(name, "\(service): the stored secret holds a newline or NUL and cannot be passed to git")
@@ -145,29 +147,33 @@ public enum GitCredentialHelper {
             return fail("store needs protocol, host, username and password; nothing stored", .usage)
         }
         if let expiry = request.passwordExpiryUTC, expiry <= CredentialMapping.now() { return 0 }
-        let secret = CredentialMapping.gitSecret(password: password, refreshToken: request.oauthRefreshToken, expiry: request.passwordExpiryUTC)
+        // The expiry is the item's own (authenticated, shown by `keyhold ls`/`state`), never
+        // part of the secret or the label.
+        let secret = CredentialMapping.gitSecret(password: password, refreshToken: request.oauthRefreshToken)
         defer { secret.wipe() }
         let kind: ItemKind = request.oauthRefreshToken != nil ? .refreshToken : .password
-        let label = CredentialMapping.gitLabel(expiry: request.passwordExpiryUTC)
+        let label = CredentialMapping.gitLabel
+        let expires = request.passwordExpiryUTC.map(CredentialMapping.microseconds)
         do throws(KeyholdError) {
-            try vault.add(secret, service: service, account: username, label: label, kind: kind, access: access)
+            try vault.add(secret, service: service, account: username, label: label, kind: kind, access: access, expires: expires)
             return 0
         } catch .duplicateItem {
             // git stores after every success, also of a credential this helper just gave it.
         }
-        let current: SecureBytes
+        let current: ReleasedSecret
         do throws(KeyholdError) {
-            current = try vault.secret(service: service, account: username, reason: "git credential store", interaction: nil)
+            current = try vault.release(service: service, account: username, reason: "git credential store", interaction: nil)
         } catch .interactionNotAllowed {
             // A gated item cannot be compared without a second prompt; it stays as it is
             // (README: `keyhold put --update` replaces it).
             return 0
         }
-        defer { current.wipe() }
-        if current.constantTimeEquals(secret) { return 0 }
+        defer { current.secret.wipe() }
+        if current.secret.constantTimeEquals(secret) && current.expires == expires { return 0 }
         guard let existing = try item(vault, service, username) else { return 0 }
         try vault.update(secret, service: service, account: username, label: label, kind: kind,
-                         access: CredentialMapping.access(of: existing) ?? access, reason: "git credential store")
+                         access: CredentialMapping.access(of: existing) ?? access, reason: "git credential store",
+                         expires: expires)
         return 0
     }
 
