@@ -116,8 +116,20 @@ import KeyholdTestSupport
         let got = helper("git-credential-keyhold", ["get"], stdin: "protocol=https\nhost=git.example\n", broker: b)
         #expect(got.stdoutText == "username=alice\npassword=pw\npassword_expiry_utc=\(future)\noauth_refresh_token=rt-1\n", "\(got.stderr)")
         #expect(items(b).contains { $0.contains("\"kind\":\"refresh-token\"") })
+        // One expiry: the item's own (authenticated; `ls`/`state` show it), not the label or secret.
+        let iso = b.cli(["state", "git:https://git.example", "alice", "--json"]).stdoutText
+        #expect(items(b).contains { $0.contains("\"expires\":\"") && $0.contains("\"label\":\"git credential\"") }, "\(items(b))")
+        #expect(iso.contains("\"state\":\"available\"") && !iso.contains("\"expires\":null"), "\(iso)")
+        #expect(!b.cli(["get", "git:https://git.example", "alice"]).stdoutText.contains("password_expiry_utc"))
+        // An expired item stored with `keyhold put --expires` is not given to git either.
+        #expect(b.cli(["put", "git:https://dated.example", "dan", "--expires", "@1000"], stdin: Array("pw".utf8)).status == 0)
+        #expect(b.cli(["state", "git:https://dated.example", "dan"]).stdoutText == "expired\n")
+        for lookup in ["protocol=https\nhost=dated.example\nusername=dan\n", "protocol=https\nhost=dated.example\n"] {
+            let expired = helper("git-credential-keyhold", ["get"], stdin: lookup, broker: b)
+            #expect(expired.status == 0 && expired.stdout.isEmpty, "\(expired.stdoutText)")
+        }
 
-        // An expired item (made by hand in the helper's format) is never returned, looked up
+        // An expired item in the format of helpers before item expiries (made by hand) is never returned, looked up
         // by username (the stored expiry) or without one (the label, checked before release).
         let blob = [UInt8(0)] + Array("keyhold-git\npassword=pw\npassword_expiry_utc=1000\n".utf8)
         #expect(b.cli(["put", "git:https://old.example", "bob", "--label", "password_expiry_utc=1000"], stdin: blob).status == 0)
