@@ -30,6 +30,7 @@ import Testing
         try db.exec("""
             DROP TABLE item_generation; DROP TABLE item_generation_head;
             ALTER TABLE items DROP COLUMN generation;
+            ALTER TABLE items DROP COLUMN expires_us;
             PRAGMA user_version = 1;
             """)
 
