@@ -121,6 +121,9 @@ public enum GitCredentialHelper {
 
     static func get(_ vault: Vault, _ service: String, _ request: GitCredential) throws(KeyholdError) {
         guard let account = try account(vault, service, request) else { return }
+        // Asked by username: the item's own expiry is checked (no prompt) before anything is
+        // released, so an expired credential is not even opened.
+        if request.username?.isEmpty == false, try vault.itemStatus(service: service, account: account).state == .expired { return }
         let released: ReleasedSecret
         do throws(KeyholdError) {
             released = try vault.release(service: service, account: account, reason: "git credential get", interaction: interaction())

@@ -128,6 +128,8 @@ import KeyholdTestSupport
             let expired = helper("git-credential-keyhold", ["get"], stdin: lookup, broker: b)
             #expect(expired.status == 0 && expired.stdout.isEmpty, "\(expired.stdoutText)")
         }
+        let released = b.cli(["audit", "--json", "--item", "git:https://dated.example/dan"]).stdoutText
+        #expect(released.contains("\"operation\":\"put\"") && !released.contains("\"operation\":\"get\""), "the expired item was never opened: \(released)")
 
         // An expired item in the format of helpers before item expiries (made by hand) is never returned, looked up
         // by username (the stored expiry) or without one (the label, checked before release).
