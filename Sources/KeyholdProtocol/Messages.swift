@@ -205,7 +205,7 @@ public struct Response {
     /// A human-readable detail; never a secret or another user's data.
     public var detail: String?
     public var secret: SecureBytes?
-    /// `state`: available, requires-authentication, invalidated, not-found.
+    /// `state`: available, requires-authentication, invalidated, expired, not-found.
     public var state: String?
     /// Lockout: seconds until the next attempt is allowed.
     public var secondsLeft: UInt64?
@@ -234,7 +234,7 @@ public enum ClientMessage {
     case auditRows([AuditEntryInfo])
     /// `auditVerifyExport`: the file has no more rows.
     case auditRowsEnd
-    /// `rotate`: the new secret the command produced, with its expiry if it printed one.
+    /// `rotate`: the new secret the command produced, with the expiry `rotate --expires` gave.
     case rotated(SecureBytes, expires: Int64?)
 }
 
