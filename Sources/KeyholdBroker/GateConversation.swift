@@ -76,7 +76,9 @@ extension Broker: LockoutStore {
         withStore { $0.lockoutRecord(uid: uid) }
     }
     func updateLockout(uid: UInt32, _ change: (LockoutRecord) -> LockoutRecord?) -> Result<LockoutRecord, StoreError> {
-        withStore { $0.updateLockoutRecord(uid: uid, change) }
+        let result = withStore { $0.updateLockoutRecord(uid: uid, change) }
+        if case .failure = result { log("lockout record could not be read or written; authentication refused") }
+        return result
     }
     func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError> {
         withStore { $0.checkAppPassword(item, password) }
