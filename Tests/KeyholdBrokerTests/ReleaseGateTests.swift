@@ -92,6 +92,13 @@ import KeyholdTestSupport
     }
     static let yes = stacks("pam_permit.so")
     static let no = stacks("pam_deny.so")
+    /// pam_matrix asking for a password through the conversation, checked against a passdb
+    /// named in the stack (never the process-wide PAM_MATRIX_PASSWD other suites set).
+    static let asks: String = {
+        let dir = TestPaths.temporaryDirectory("kh-gate-pam")
+        try? "gate-test-user:right horse:keyhold-passcode\n".write(toFile: dir + "/passdb", atomically: true, encoding: .utf8)
+        return stacks("\(PAMTestStacks.matrixModule) passdb=\(dir)/passdb")
+    }()
 
     static func gate(_ stacks: String, clock: FakeClock = FakeClock(), prints: String? = nil) -> ReleaseGate {
         let noPrints = prints ?? TestPaths.temporaryDirectory("kh-gate-prints")
@@ -150,6 +157,22 @@ import KeyholdTestSupport
         // PAM's own "no" (a helper that failed would say so in the detail).
         #expect(d.outcome == .authenticationFailed && d.detail == nil)
         #expect(try vault.failures() == 1)
+    }
+
+    @Test func pamPromptsGoThroughTheConversation() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        let right = Script(answers: ["right horse"])
+        #expect(Self.method(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: right, store: vault)) == [.password])
+        #expect(right.prompts == [.authentication])
+        let wrong = Script(answers: ["wrong horse"])
+        #expect(Self.outcome(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: wrong, store: vault)) == .authenticationFailed)
+        #expect(wrong.prompts == [.authentication])
+        #expect(try vault.failures() == 1)
+        // The person walks away at the prompt: canceled, and the attempt stays counted.
+        let gone = Script(answers: [nil])
+        #expect(Self.outcome(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: gone, store: vault)) == .userCanceled)
+        #expect(try vault.failures() == 2)
     }
 
     @Test func biometryNeedsEnrolledPrintsThenPAM() throws {
