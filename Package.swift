@@ -79,8 +79,9 @@ let package = Package(
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault"]),
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
-        // The broker's own parts driven directly (group commit), against a real SQLite vault.
-        .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
+        // The broker's own parts driven directly (group commit, the release gate), against a real SQLite
+        // vault; the gate through real libpam with the keyholdd PAM helper.
+        .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         // Against Debian's swtpm, started by the tests.
         .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),

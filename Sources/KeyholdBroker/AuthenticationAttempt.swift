@@ -11,40 +11,29 @@ import KeyholdVault
 /// Only a success gives it back (the record is reset). So parallel guesses cannot all reach
 /// PAM before the first failure is written, a guess abandoned half way (cancel, crash, a killed
 /// helper) still counts, and a record that cannot be read or written refuses the attempt
-/// instead of letting it through.
+/// instead of letting it through. Used by the release gate only.
 final class AuthenticationLedger: Sendable {
     private let inFlight = Mutex<Set<UInt32>>([])
 
     /// A second authentication of a uid while one is in flight: *busy*, nothing checked.
     static let inProgress = "another authentication of this user is in progress; try again when it ends"
+    static let unrecorded = Denial(.auditUnavailable, "the failed-attempt count could not be recorded; nothing was checked")
 
-    func reserve(uid: UInt32, broker: Broker) -> Result<AuthenticationAttempt, Denial> {
+    func reserve(uid: UInt32, store: any LockoutStore, now: Int64) -> Result<AuthenticationAttempt, Denial> {
         guard inFlight.withLock({ $0.insert(uid).inserted }) else {
             return .failure(Denial(.busy, Self.inProgress))
         }
         // From here the slot is the attempt's: released when it goes away, whatever happens.
-        let attempt = AuthenticationAttempt(uid: uid, broker: broker, ledger: self)
-        let counted: Denial? = broker.withStore { store in
-            do throws(StoreError) {
-                let now = currentMicroseconds()
-                let current = try store.lockout(uid: uid)
-                if let left = ReleaseGate.lockoutLeft(current, now: now) {
-                    return Denial(.lockedOut, nil, secondsLeft: left)
-                }
-                try store.setLockout(ReleaseGate.afterFailure(current, now: now))
-                return nil
-            } catch {
-                return Self.unrecorded
-            }
+        let attempt = AuthenticationAttempt(uid: uid, store: store, ledger: self)
+        var lockedFor: UInt64?
+        let written = store.updateLockout(uid: uid) { current in
+            lockedFor = ReleaseGate.lockoutLeft(current, now: now)
+            return lockedFor == nil ? ReleaseGate.afterFailure(current, now: now) : nil
         }
-        if let counted {
-            if counted.outcome == .auditUnavailable { broker.log("lockout record could not be read or written; authentication refused") }
-            return .failure(counted)
-        }
+        guard case .success = written else { return .failure(Self.unrecorded) }
+        if let left = lockedFor { return .failure(Denial(.lockedOut, nil, secondsLeft: left)) }
         return .success(attempt)
     }
-
-    static let unrecorded = Denial(.auditUnavailable, "the failed-attempt count could not be recorded; nothing was checked")
 
     fileprivate func release(_ uid: UInt32) {
         inFlight.withLock { _ = $0.remove(uid) }
@@ -54,45 +43,21 @@ final class AuthenticationLedger: Sendable {
 /// One reserved authentication: already counted as a failure until `succeeded()`.
 final class AuthenticationAttempt: Sendable {
     let uid: UInt32
-    private let broker: Broker
+    private let store: any LockoutStore
     private let ledger: AuthenticationLedger
 
-    fileprivate init(uid: UInt32, broker: Broker, ledger: AuthenticationLedger) {
+    fileprivate init(uid: UInt32, store: any LockoutStore, ledger: AuthenticationLedger) {
         self.uid = uid
-        self.broker = broker
+        self.store = store
         self.ledger = ledger
     }
 
     /// Gives the attempt back: the uid's count starts again. False when that could not be
     /// written; the caller then refuses (the attempt stays counted).
     func succeeded() -> Bool {
-        broker.withStore { succeededHoldingStore($0) }
+        if case .success = store.updateLockout(uid: uid, { _ in LockoutRecord(uid: self.uid) }) { return true }
+        return false
     }
 
     deinit { ledger.release(uid) }
-}
-
-extension AuthenticationAttempt {
-    /// `succeeded()` for a caller that already holds the store (the lock is not re-entrant).
-    func succeededHoldingStore(_ store: VaultStore) -> Bool {
-        do throws(StoreError) {
-            try store.setLockout(LockoutRecord(uid: uid))
-            return true
-        } catch {
-            return false
-        }
-    }
-}
-
-extension Session {
-    /// The caller's lockout record; an error reading it refuses (never "not locked out").
-    func readLockout() -> Result<LockoutRecord, Denial> {
-        broker.withStore { store in
-            do throws(StoreError) {
-                return .success(try store.lockout(uid: caller.uid))
-            } catch {
-                return .failure(AuthenticationLedger.unrecorded)
-            }
-        }
-    }
 }

@@ -18,8 +18,10 @@ struct Denial: Error {
 }
 
 /// The one place that decides whether a caller may act on an item: allowed executables,
-/// biometric invalidation, lockout, reuse window, and the PAM conversation itself.
-/// Every release and every update of a protected item goes through `authorize`.
+/// biometric invalidation, lockout, reuse window, the PAM conversation itself and the
+/// application password. Every release, update and removal of an item goes through
+/// `authorize` (or, for an item whose own policy cannot be checked, `authorizeOwner`);
+/// `state` asks `preview`. The session only carries the conversation (`Conversation`).
 final class ReleaseGate: Sendable {
     /// PAM stacks the broker picks from a policy, so it knows which method succeeded.
     enum Stack: String, Sendable {
@@ -45,13 +47,15 @@ final class ReleaseGate: Sendable {
 
     let authenticator: PAMAuthenticator
     let fprintStateDirectory: String
+    let clock: any GateClock
     /// Attempts reserved before PAM runs (AuthenticationAttempt.swift).
     let attempts = AuthenticationLedger()
     private let reuse = Mutex<[ReuseKey: ReuseGrant]>([:])
 
-    init(authenticator: PAMAuthenticator, fprintStateDirectory: String) {
+    init(authenticator: PAMAuthenticator, fprintStateDirectory: String, clock: any GateClock = SystemClock()) {
         self.authenticator = authenticator
         self.fprintStateDirectory = fprintStateDirectory
+        self.clock = clock
     }
 
     // MARK: state without prompting
@@ -121,15 +125,82 @@ final class ReleaseGate: Sendable {
 
     // MARK: the gate
 
-    /// Runs the authentication an item's policy demands. Returns how it was satisfied, or a
-    /// denial. `conversation` relays PAM messages to the caller; `interruptFD` is the caller's
-    /// socket, which becomes readable when the caller cancels or goes away. `lockout` is an
-    /// early look (no prompt for a uid already locked out); `reserve` counts the attempt before
-    /// PAM runs and is what actually limits guesses.
-    func authorize(_ item: StoredItem, caller: Caller, allowInteraction: Bool, lockout: LockoutRecord,
-                   reserve: () -> Result<AuthenticationAttempt, Denial>,
-                   interruptFD: Int32, announce: () -> Bool,
-                   conversation: (PAMMessage) -> PAMAnswer) -> Result<AuthMethod, Denial> {
+    /// The whole decision for one item and one request: allowed executables, biometric
+    /// invalidation, lockout (read, reserve before PAM, record), the reuse window, the PAM
+    /// stacks the policy needs, and the application password (counted like any guess and
+    /// checked against the item before anything is granted). `store` keeps the lockout record.
+    func authorize(_ item: StoredItem, caller: Caller, request: Request, via conversation: some Conversation,
+                   store: any LockoutStore) -> Result<Authorization, Denial> {
+        var method: AuthMethod
+        switch authorizePolicy(item, caller: caller, request: request, via: conversation, store: store) {
+        case .failure(let d): return .failure(d)
+        case .success(let m): method = m
+        }
+        guard item.access.policy.requiresAppPassword else { return .success(Authorization(method: method)) }
+        switch appPassword(item, caller: caller, request: request, via: conversation, store: store) {
+        case .failure(let d): return .failure(d)
+        case .success(let password):
+            method = method.adding(.appPassword)
+            return .success(Authorization(method: method, appPassword: password))
+        }
+    }
+
+    /// The uid's lockout, read without counting anything; a record that cannot be read refuses.
+    func lockoutLeft(uid: UInt32, store: any LockoutStore) -> Result<UInt64?, Denial> {
+        switch store.lockout(uid: uid) {
+        case .success(let r): return .success(Self.lockoutLeft(r, now: clock.microseconds()))
+        case .failure: return .failure(AuthenticationLedger.unrecorded)
+        }
+    }
+
+    /// What `state` reports for an item: whether a `get` now would need the person. No prompt,
+    /// nothing counted.
+    enum Availability: String {
+        case available
+        case requiresAuthentication = "requires-authentication"
+        case invalidated
+    }
+
+    func preview(_ item: StoredItem, caller: Caller) -> Availability {
+        let biometric = item.access.policy.constraints.contains(where: \.isBiometric)
+        let domain: BiometryDomainState = biometric ? domainState(user: caller.userName) : .noneEnrolled
+        guard let constraints = effectiveConstraints(item, state: domain) else { return .invalidated }
+        let free = constraints.isEmpty || reuseGrant(for: caller, item: item, constraints: constraints, now: clock.microseconds())
+        return free && !item.access.policy.requiresAppPassword ? .available : .requiresAuthentication
+    }
+
+    /// The item's application password, asked after its policy is satisfied, counted before
+    /// Argon2id checks it, and given back only when it opened the item.
+    private func appPassword(_ item: StoredItem, caller: Caller, request: Request, via conversation: some Conversation,
+                             store: any LockoutStore) -> Result<SecureBytes, Denial> {
+        guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
+        let password: SecureBytes
+        switch conversation.ask(Prompt(style: .echoOff, purpose: .appPassword,
+                                       text: "Application password for \(item.service) / \(item.account): ")) {
+        case .answer(let s): password = s
+        case .cancel: return .failure(Denial(.userCanceled))
+        }
+        let attempt: AuthenticationAttempt
+        switch attempts.reserve(uid: caller.uid, store: store, now: clock.microseconds()) {
+        case .failure(let d): password.wipe(); return .failure(d)
+        case .success(let a): attempt = a
+        }
+        switch store.checkAppPassword(item, password) {
+        case .success:
+            guard attempt.succeeded() else { password.wipe(); return .failure(AuthenticationLedger.unrecorded) }
+            return .success(password)
+        case .failure(let error):
+            password.wipe()
+            if error == .appPasswordWrong || error == .appPasswordRequired {
+                return .failure(Denial(.authenticationFailed, "wrong application password"))
+            }
+            return .failure(Denial(error.outcome))
+        }
+    }
+
+    /// Everything but the application password.
+    private func authorizePolicy(_ item: StoredItem, caller: Caller, request: Request, via conversation: some Conversation,
+                                 store: any LockoutStore) -> Result<AuthMethod, Denial> {
         let policy = item.access.policy
         if !item.access.allowedExecutables.isEmpty {
             // The sender, the process that connected and the executable must all agree (issue 8).
@@ -145,18 +216,22 @@ final class ReleaseGate: Sendable {
             return .failure(Denial(.invalidated))
         }
         var method = AuthMethod.none
-        let now = currentMicroseconds()
         if constraints.isEmpty && !policy.requiresAppPassword { return .success(method) }
 
-        if let left = Self.lockoutLeft(lockout, now: now) {
-            return .failure(Denial(.lockedOut, nil, secondsLeft: left))
+        // An early look, so a uid already locked out is not prompted; the reservation below is
+        // what actually limits guesses.
+        switch lockoutLeft(uid: caller.uid, store: store) {
+        case .failure(let d): return .failure(d)
+        case .success(let left?): return .failure(Denial(.lockedOut, nil, secondsLeft: left))
+        case .success(nil): break
         }
+        let now = clock.microseconds()
         if !constraints.isEmpty && reuseGrant(for: caller, item: item, constraints: constraints, now: now) {
             method = method.adding(.reuse)
             if !policy.requiresAppPassword { return .success(method) }
         }
         // Everything from here needs the person: a finger, a password, or both.
-        guard allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
+        guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
         guard let user = caller.userName else { return .failure(Denial(.authenticationFailed, "the caller's uid has no account")) }
         let needsPAM = !method.factors.contains(.reuse) && !constraints.isEmpty
         var stacks: [Stack] = []
@@ -167,53 +242,79 @@ final class ReleaseGate: Sendable {
             case .failure(let denial): return .failure(denial)
             }
             // Counted before any guess is checked; every way out below but success keeps it counted.
-            switch reserve() {
+            switch attempts.reserve(uid: caller.uid, store: store, now: now) {
             case .success(let a): attempt = a
             case .failure(let denial): return .failure(denial)
             }
         }
-        guard announce() else { return .failure(Denial(.userCanceled)) }
+        guard conversation.announce(announcement(caller, item.service, item.account, request)) else {
+            return .failure(Denial(.userCanceled))
+        }
 
         if needsPAM, let attempt {
             for stack in stacks {
-                let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: caller.tty, rhost: caller.remoteHost)
-                let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: interruptFD,
-                                                        conversation: conversation)
-                switch result {
-                case .success(let answered):
-                    switch stack {
-                    case .biometry: method = method.adding(.fingerprint)
-                    case .passcode: method = method.adding(.password)
-                    case .presence: method = method.adding(answered ? .password : .fingerprint)
-                    }
-                case .failed:
-                    return .failure(Denial(.authenticationFailed))
-                case .unavailable:
-                    // No reader, no prints, or a remote session: for a biometric stack this is a
-                    // clear failure, never a silent pass.
-                    return .failure(Denial(.authenticationFailed, stack == .passcode ? "authentication is unavailable" : "the fingerprint could not be checked (no reader, no scan in time, or a reader error)"))
-                case .canceled:
-                    return .failure(Denial(.userCanceled))
-                case .interactionNeeded:
-                    return .failure(Denial(.interactionNotAllowed))
-                case .helperFailed:
-                    return .failure(Denial(.authenticationFailed, "authentication could not complete"))
+                switch runPAM(stack, user: user, caller: caller, via: conversation) {
+                case .failure(let d): return .failure(d)
+                case .success(let factor): method = method.adding(factor)
                 }
             }
             guard attempt.succeeded() else { return .failure(AuthenticationLedger.unrecorded) }
-            reuse.withLock {
-                let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
-                var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
-                if grant.at != 0 && currentMicroseconds() - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
-                    grant = ReuseGrant(at: 0, fingerprint: false, password: false)
-                }
-                grant.at = currentMicroseconds()
-                grant.fingerprint = grant.fingerprint || method.factors.contains(.fingerprint)
-                grant.password = grant.password || method.factors.contains(.password)
-                $0[key] = grant
-            }
+            grantReuse(caller, method)
         }
         return .success(method)
+    }
+
+    func announcement(_ caller: Caller, _ service: String, _ account: String, _ request: Request) -> Announcement {
+        Announcement(executable: caller.executable, pid: caller.pid, service: service, account: account, reason: request.reason)
+    }
+
+    /// One PAM stack through the conversation; the factor it proved, or the denial.
+    func runPAM(_ stack: Stack, user: String, caller: Caller, via conversation: some Conversation) -> Result<AuthMethod.Factor, Denial> {
+        let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: caller.tty, rhost: caller.remoteHost)
+        let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: conversation.interruptFD) { message in
+            switch message {
+            case .info(let text): conversation.notify(.info, text) ? .answer(SecureBytes(count: 0)) : .cancel
+            case .error(let text): conversation.notify(.error, text) ? .answer(SecureBytes(count: 0)) : .cancel
+            case .promptEchoOff(let text): conversation.ask(Prompt(style: .echoOff, purpose: .authentication, text: text))
+            case .promptEchoOn(let text): conversation.ask(Prompt(style: .echoOn, purpose: .authentication, text: text))
+            }
+        }
+        switch result {
+        case .success(let answered):
+            switch stack {
+            case .biometry: return .success(.fingerprint)
+            case .passcode: return .success(.password)
+            case .presence: return .success(answered ? .password : .fingerprint)
+            }
+        case .failed:
+            return .failure(Denial(.authenticationFailed))
+        case .unavailable:
+            // No reader, no prints, or a remote session: for a biometric stack this is a
+            // clear failure, never a silent pass.
+            return .failure(Denial(.authenticationFailed, stack == .passcode ? "authentication is unavailable" : "the fingerprint could not be checked (no reader, no scan in time, or a reader error)"))
+        case .canceled:
+            return .failure(Denial(.userCanceled))
+        case .interactionNeeded:
+            return .failure(Denial(.interactionNotAllowed))
+        case .helperFailed:
+            return .failure(Denial(.authenticationFailed, "authentication could not complete"))
+        }
+    }
+
+    /// Opens (or widens) the caller's reuse window after PAM succeeded.
+    private func grantReuse(_ caller: Caller, _ method: AuthMethod) {
+        let now = clock.microseconds()
+        reuse.withLock {
+            let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
+            var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
+            if grant.at != 0 && now - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
+                grant = ReuseGrant(at: 0, fingerprint: false, password: false)
+            }
+            grant.at = now
+            grant.fingerprint = grant.fingerprint || method.factors.contains(.fingerprint)
+            grant.password = grant.password || method.factors.contains(.password)
+            $0[key] = grant
+        }
     }
 
     /// Which PAM stacks satisfy the constraints, in order.

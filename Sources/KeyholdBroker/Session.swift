@@ -162,61 +162,10 @@ struct Session {
         }
     }
 
-    /// Runs the item's policy for this caller, relaying the conversation over this socket.
-    func authorize(_ item: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
-        let lockout: LockoutRecord
-        switch readLockout() {
-        case .success(let r): lockout = r
-        case .failure(let d): return .failure(d)
-        }
-        return broker.gate.authorize(
-            item, caller: caller, allowInteraction: request.allowInteraction, lockout: lockout,
-            reserve: { broker.gate.attempts.reserve(uid: caller.uid, broker: broker) },
-            interruptFD: fd,
-            announce: {
-                // Who is asking (verified) and why (the caller's words), as separate fields, before any prompt.
-                send(.notice(Notice(announcing: Announcement(executable: caller.executable, pid: caller.pid, service: item.service,
-                                                             account: item.account, reason: request.reason))))
-            },
-            conversation: relay)
-    }
-
-    /// Relays one PAM message to the client; for a prompt, waits for its answer.
-    private func relay(_ message: PAMMessage) -> PAMAnswer {
-        switch message {
-        case .info(let text):
-            return send(.notice(Notice(style: .info, text: text))) ? .answer(SecureBytes(count: 0)) : .cancel
-        case .error(let text):
-            return send(.notice(Notice(style: .error, text: text))) ? .answer(SecureBytes(count: 0)) : .cancel
-        case .promptEchoOff(let text):
-            return ask(Prompt(style: .echoOff, purpose: .authentication, text: text))
-        case .promptEchoOn(let text):
-            return ask(Prompt(style: .echoOn, purpose: .authentication, text: text))
-        }
-    }
-
-    private func ask(_ prompt: Prompt) -> PAMAnswer {
-        guard send(.prompt(prompt)) else { return .cancel }
-        do throws(FrameError) {
-            var reader = TimedFrameReader(fd: fd)
-            let ms = Deadlines.answerMilliseconds
-            guard let payload = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return .cancel }
-            defer { payload.wipe() }
-            if case .answer(let s) = try ClientMessage.decode(payload) { return .answer(s) }
-            return .cancel
-        } catch {
-            return .cancel
-        }
-    }
-
-    /// Asks for the item's application password (after PAM), if its policy has one.
-    func appPassword(for item: StoredItem, _ request: Request) -> Result<SecureBytes?, Denial> {
-        guard item.access.policy.requiresAppPassword else { return .success(nil) }
-        guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
-        switch ask(Prompt(style: .echoOff, purpose: .appPassword, text: "Application password for \(item.service) / \(item.account): ")) {
-        case .answer(let s): return .success(s)
-        case .cancel: return .failure(Denial(.userCanceled))
-        }
+    /// The release gate's whole decision for this caller (ReleaseGate.swift); the session only
+    /// carries its conversation over this socket. The caller wipes the authorization.
+    func authorize(_ item: StoredItem, _ request: Request) -> Result<Authorization, Denial> {
+        broker.gate.authorize(item, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
     }
 
     // MARK: operations
@@ -230,35 +179,18 @@ struct Session {
         case .success(let found?): item = found
         }
         if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
-        var method: AuthMethod
+        let granted: Authorization
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let m): method = m
+        case .success(let a): granted = a
         }
-        var appPassword: SecureBytes?
-        switch self.appPassword(for: item, request) {
-        case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let p): appPassword = p
-        }
-        defer { appPassword?.wipe() }
-        // An application password is a guess too: counted before Argon2id checks it.
-        var attempt: AuthenticationAttempt?
-        if appPassword != nil {
-            method = method.adding(.appPassword)
-            switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
-            case .failure(let d): return deny(request, .get, item: item, d)
-            case .success(let a): attempt = a
-            }
-        }
+        defer { granted.wipe() }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        let record = event(request, .get, item: item, decision: .granted, method: granted.method, outcome: .ok).record()
         let opened: Result<SecureBytes, Denial>
         switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
-            let secret = try store.openSecret(item, appPassword: appPassword)
-            // The password was right: give the attempt back before anything is released; if
-            // that cannot be written, nothing is released.
-            if let attempt, !attempt.succeededHoldingStore(store) { secret.wipe(); throw StoreError.auditWriteFailed }
+            let secret = try store.openSecret(item, appPassword: granted.appPassword)
             do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
             return secret
         }, discard: { $0.wipe() }) {
@@ -351,40 +283,12 @@ struct Session {
     }
 
     /// What changing or removing an item needs: its current policy (allowed executables, PAM,
-    /// reuse) and, for `+app-password`, its application password, checked by opening it.
+    /// reuse) and, for `+app-password`, its application password — the gate's whole decision.
     private func satisfyCurrentPolicy(of existing: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
-        var method: AuthMethod
-        switch authorize(existing, request) {
-        case .failure(let d): return .failure(d)
-        case .success(let m): method = m
+        authorize(existing, request).map { granted in
+            granted.wipe()
+            return granted.method
         }
-        guard existing.access.policy.requiresAppPassword else { return .success(method) }
-        let old: SecureBytes
-        switch appPassword(for: existing, request) {
-        case .failure(let d): return .failure(d)
-        case .success(let p?): old = p
-        case .success(nil): return .success(method)
-        }
-        defer { old.wipe() }
-        let attempt: AuthenticationAttempt
-        switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
-        case .failure(let d): return .failure(d)
-        case .success(let a): attempt = a
-        }
-        let ok: Result<Void, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                try store.openSecret(existing, appPassword: old).wipe()
-                guard attempt.succeededHoldingStore(store) else { return .failure(AuthenticationLedger.unrecorded) }
-                return .success(())
-            } catch .appPasswordWrong {
-                return .failure(Denial(.authenticationFailed, "wrong application password"))
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
-        if case .failure(let d) = ok { return .failure(d) }
-        method = method.adding(.appPassword)
-        return .success(method)
     }
 
     private func delete(_ request: Request) -> Response {
@@ -450,20 +354,7 @@ struct Session {
 
     /// The caller's own account password (stack keyhold-passcode), counted like any attempt.
     private func ownerPassword(_ ref: ItemReference, _ request: Request) -> Result<AuthMethod, Denial> {
-        let lockout: LockoutRecord
-        switch readLockout() {
-        case .success(let r): lockout = r
-        case .failure(let d): return .failure(d)
-        }
-        return broker.gate.authorizeOwner(
-            caller: caller, allowInteraction: request.allowInteraction, lockout: lockout,
-            reserve: { broker.gate.attempts.reserve(uid: caller.uid, broker: broker) },
-            interruptFD: fd,
-            announce: {
-                send(.notice(Notice(announcing: Announcement(executable: caller.executable, pid: caller.pid, service: ref.service,
-                                                             account: ref.account, reason: request.reason))))
-            },
-            conversation: relay)
+        broker.gate.authorizeOwner(of: ref, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
     }
 
     /// Metadata of the caller's items, read and sent page by page: the store is held only
@@ -506,12 +397,10 @@ struct Session {
     private func state(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
         var r = Response(.ok)
-        let lockout: LockoutRecord
-        switch readLockout() {
-        case .success(let l): lockout = l
+        switch broker.gate.lockoutLeft(uid: caller.uid, store: broker) {
+        case .success(let left): r.secondsLeft = left
         case .failure(let d): return deny(request, .state, item: nil, d)
         }
-        r.secondsLeft = ReleaseGate.lockoutLeft(lockout, now: currentMicroseconds())
         switch lookup(ref) {
         case .failure(let d): return deny(request, .state, item: nil, d)
         case .success(nil):
@@ -519,18 +408,10 @@ struct Session {
             guard broker.audit(event(request, .state, decision: .granted, outcome: .notFound)) else { return Response(.auditUnavailable) }
             return r
         case .success(let item?):
-            let gate = broker.gate
-            let biometric = item.access.policy.constraints.contains(where: \.isBiometric)
-            let domain: BiometryDomainState = biometric ? gate.domainState(user: caller.userName) : .noneEnrolled
-            if let constraints = gate.effectiveConstraints(item, state: domain) {
-                let free = constraints.isEmpty
-                    || gate.reuseGrant(for: caller, item: item, constraints: constraints, now: currentMicroseconds())
-                r.state = free && !item.access.policy.requiresAppPassword ? "available" : "requires-authentication"
-                // Past its expiry the item is still released (the caller decides); `state` says so.
-                if let expires = item.expires, expires <= currentMicroseconds() { r.state = "expired" }
-            } else {
-                r.state = "invalidated"
-            }
+            let availability = broker.gate.preview(item, caller: caller)
+            r.state = availability.rawValue
+            // Past its expiry the item is still released (the caller decides); `state` says so.
+            if availability != .invalidated, let expires = item.expires, expires <= currentMicroseconds() { r.state = "expired" }
             r.generation = item.generation
             r.expires = item.expires
             guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }

@@ -25,18 +25,14 @@ extension Session {
         case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
         case .success(let found?): item = found
         }
-        var method: AuthMethod
+        // The gate's whole decision, application password included (checked and counted there).
+        let granted: Authorization
         switch authorize(item, request) {
         case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let m): method = m
+        case .success(let a): granted = a
         }
-        var appPassword: SecureBytes?
-        switch self.appPassword(for: item, request) {
-        case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let p): appPassword = p
-        }
-        defer { appPassword?.wipe() }
-        if appPassword != nil { method = method.adding(.appPassword) }
+        defer { granted.wipe() }
+        let method = granted.method, appPassword = granted.appPassword
 
         let token: UInt64
         switch broker.leases.acquire(item.id, deadline: monotonicMilliseconds() + seconds, clientFD: fd) {
@@ -84,18 +80,9 @@ extension Session {
     /// Opens the secret and commits its release entry; nothing is returned before that entry is in.
     private func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
                          appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
-        // An application password is a guess: counted before Argon2id checks it (as in `get`).
-        var attempt: AuthenticationAttempt?
-        if appPassword != nil {
-            switch broker.gate.attempts.reserve(uid: caller.uid, broker: broker) {
-            case .failure(let d): return .failure(d)
-            case .success(let a): attempt = a
-            }
-        }
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
             let secret = try store.openSecret(item, appPassword: appPassword)
-            if let attempt, !attempt.succeededHoldingStore(store) { secret.wipe(); throw StoreError.auditWriteFailed }
             do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
             return secret
         }, discard: { $0.wipe() }) {

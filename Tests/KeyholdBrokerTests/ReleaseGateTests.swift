@@ -1,0 +1,340 @@
+import Foundation
+import Glibc
+import Synchronization
+import Testing
+import KeyholdAuth
+import KeyholdCore
+import KeyholdVault
+import KeyholdProtocol
+import KeyholdTestSupport
+@testable import KeyholdBroker
+
+/// The release gate driven directly: a scripted conversation, a clock the test sets, the
+/// lockout record in a real SQLite vault, and real libpam (through the broker's PAM helper)
+/// with private test stacks whose outcome is fixed: `pam_permit` says yes, `pam_deny` no.
+@Suite struct ReleaseGateTests {
+    final class FakeClock: GateClock {
+        private let now = Mutex<Int64>(1_800_000_000_000_000)
+        func microseconds() -> Int64 { now.withLock { $0 } }
+        func advance(seconds: Int64) { now.withLock { $0 += seconds * 1_000_000 } }
+    }
+
+    /// What the gate said to the person, and the answers it gets.
+    final class Script: Conversation, @unchecked Sendable {
+        private let lock = Mutex<(announced: Int, prompts: [Prompt.Purpose], answers: [String?])>((0, [], []))
+        /// Runs inside `announce` (after the attempt is reserved, before PAM).
+        var onAnnounce: (@Sendable () -> Void)?
+        init(answers: [String?] = []) { lock.withLock { $0.answers = answers } }
+        var announced: Int { lock.withLock { $0.announced } }
+        var prompts: [Prompt.Purpose] { lock.withLock { $0.prompts } }
+        var interruptFD: Int32? { nil }
+        func announce(_ announcement: Announcement) -> Bool {
+            lock.withLock { $0.announced += 1 }
+            onAnnounce?()
+            return true
+        }
+        func notify(_ style: Notice.Style, _ text: String) -> Bool { true }
+        func ask(_ prompt: Prompt) -> PAMAnswer {
+            let next: String?? = lock.withLock { s in
+                s.prompts.append(prompt.purpose)
+                return s.answers.isEmpty ? nil : s.answers.removeFirst()
+            }
+            guard let answer = next ?? nil else { return .cancel }
+            return .answer(SecureBytes(copying: Array(answer.utf8)))
+        }
+    }
+
+    /// A real vault in a temp dir; the gate's `LockoutStore` over it.
+    final class Vault: LockoutStore, @unchecked Sendable {
+        let directory = TestPaths.temporaryDirectory("kh-gate")
+        let store: Mutex<VaultStore>
+        init() throws {
+            store = Mutex(try VaultStore.open(stateDirectory: directory + "/state", passwordHashing: .interactive))
+        }
+        deinit { try? FileManager.default.removeItem(atPath: directory) }
+        /// As `Broker.withStore`: the store under its lock.
+        func hold<R: Sendable>(_ body: (VaultStore) -> R) -> R { store.withLock { body($0) } }
+        func lockout(uid: UInt32) -> Result<LockoutRecord, StoreError> { hold { $0.lockoutRecord(uid: uid) } }
+        func updateLockout(uid: UInt32, _ change: (LockoutRecord) -> LockoutRecord?) -> Result<LockoutRecord, StoreError> {
+            hold { $0.updateLockoutRecord(uid: uid, change) }
+        }
+        func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError> {
+            hold { $0.checkAppPassword(item, password) }
+        }
+        func failures(_ uid: UInt32 = uid) throws -> UInt32 { try store.withLock { try $0.lockout(uid: uid) }.failures }
+        func sql(_ text: String) throws {
+            let db = try Database(path: directory + "/state/vault.db")
+            try db.execute(text)
+            db.close()
+        }
+        func add(_ policy: String, service: String = "svc", reuse: UInt32 = 0, allowed: [String] = [],
+                 appPassword: String? = nil) throws -> StoredItem {
+            let access = AccessControl(policy: try Policy(parsing: policy), allowedExecutables: allowed, reuseSeconds: reuse)
+            let record = AuditRecord(callerUID: uid, callerPID: 1, executable: "/t", operation: .put, service: service,
+                                     account: "acct", decision: .granted, method: .none, reason: nil, outcome: .ok)
+            return try store.withLock {
+                try $0.add(owner: uid, NewItem(service: service, account: "acct", access: access),
+                           secret: SecureBytes(copying: Array("the secret".utf8)),
+                           appPassword: appPassword.map { SecureBytes(copying: Array($0.utf8)) }, audit: record)
+            }
+        }
+    }
+
+    static let uid: UInt32 = 4242
+
+    /// The three Keyhold stacks, all answering `module` (pam_permit or pam_deny).
+    static func stacks(_ module: String) -> String {
+        let dir = TestPaths.temporaryDirectory("kh-gate-pam")
+        for name in ["keyhold", "keyhold-passcode", "keyhold-biometry"] {
+            try? "auth required \(module)\naccount required pam_permit.so\n".write(toFile: dir + "/" + name, atomically: true, encoding: .utf8)
+        }
+        return dir
+    }
+    static let yes = stacks("pam_permit.so")
+    static let no = stacks("pam_deny.so")
+    /// pam_matrix asking for a password through the conversation, checked against a passdb
+    /// named in the stack (never the process-wide PAM_MATRIX_PASSWD other suites set).
+    static let asks: String = {
+        let dir = TestPaths.temporaryDirectory("kh-gate-pam")
+        try? "gate-test-user:right horse:keyhold-passcode\n".write(toFile: dir + "/passdb", atomically: true, encoding: .utf8)
+        return stacks("\(PAMTestStacks.matrixModule) passdb=\(dir)/passdb")
+    }()
+
+    static func gate(_ stacks: String, clock: FakeClock = FakeClock(), prints: String? = nil) -> ReleaseGate {
+        let noPrints = prints ?? TestPaths.temporaryDirectory("kh-gate-prints")
+        return ReleaseGate(authenticator: PAMAuthenticator(helperExecutable: TestPaths.keyholdd, serviceDirectory: stacks, deadlineSeconds: 30),
+                           fprintStateDirectory: noPrints, clock: clock)
+    }
+
+    static func caller(session: Int32 = 77, socket: Int32 = -1, peer: Peer? = nil) -> Caller {
+        var c = Caller(uid: uid, pid: getpid(), executable: CallerFacts.readExecutable(pid: getpid()) ?? "?", sessionID: session,
+                       userName: "gate-test-user", tty: nil, remoteHost: nil)
+        c.socket = socket
+        c.peer = peer
+        return c
+    }
+
+    static func request(interactive: Bool = true) -> Request {
+        var r = Request(.get, item: ItemReference(service: "svc", account: "acct"))
+        r.allowInteraction = interactive
+        return r
+    }
+
+    static func outcome(_ r: Result<Authorization, Denial>) -> Outcome {
+        switch r {
+        case .success: .ok
+        case .failure(let d): d.outcome
+        }
+    }
+
+    static func method(_ r: Result<Authorization, Denial>) -> [AuthMethod.Factor]? {
+        if case .success(let a) = r { a.wipe(); return a.method.factors }
+        return nil
+    }
+
+    // MARK: policies
+
+    @Test func policyNoneIsGrantedWithoutPromptOrPAM() throws {
+        let vault = try Vault(), script = Script()
+        let item = try vault.add("none")
+        let r = Self.gate(Self.no).authorize(item, caller: Self.caller(), request: Self.request(), via: script, store: vault)
+        #expect(Self.method(r) == [])
+        #expect(script.announced == 0)
+        #expect(try vault.failures() == 0)
+    }
+
+    @Test func passcodeSucceedsThroughPAMAndFailsThroughPAM() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        let ok = Script()
+        #expect(Self.method(Self.gate(Self.yes).authorize(item, caller: Self.caller(), request: Self.request(), via: ok, store: vault)) == [.password])
+        #expect(ok.announced == 1)
+        #expect(try vault.failures() == 0)
+        let bad = Script()
+        guard case .failure(let d) = Self.gate(Self.no).authorize(item, caller: Self.caller(), request: Self.request(), via: bad, store: vault) else {
+            Issue.record("pam_deny granted"); return
+        }
+        // PAM's own "no" (a helper that failed would say so in the detail).
+        #expect(d.outcome == .authenticationFailed && d.detail == nil)
+        #expect(try vault.failures() == 1)
+    }
+
+    @Test func pamPromptsGoThroughTheConversation() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        let right = Script(answers: ["right horse"])
+        #expect(Self.method(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: right, store: vault)) == [.password])
+        #expect(right.prompts == [.authentication])
+        let wrong = Script(answers: ["wrong horse"])
+        #expect(Self.outcome(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: wrong, store: vault)) == .authenticationFailed)
+        #expect(wrong.prompts == [.authentication])
+        #expect(try vault.failures() == 1)
+        // The person walks away at the prompt: canceled, and the attempt stays counted.
+        let gone = Script(answers: [nil])
+        #expect(Self.outcome(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: gone, store: vault)) == .userCanceled)
+        #expect(try vault.failures() == 2)
+    }
+
+    @Test func biometryNeedsEnrolledPrintsThenPAM() throws {
+        let vault = try Vault()
+        let item = try vault.add("biometry-any")
+        let none = Script()
+        let denied = Self.gate(Self.yes).authorize(item, caller: Self.caller(), request: Self.request(), via: none, store: vault)
+        #expect(Self.outcome(denied) == .authenticationFailed)
+        #expect(none.announced == 0)  // refused before any prompt or count
+        #expect(try vault.failures() == 0)
+        // fprintd's layout: <state>/<user>/<device>/<finger>.
+        let prints = TestPaths.temporaryDirectory("kh-gate-prints")
+        try FileManager.default.createDirectory(atPath: prints + "/gate-test-user/virtual_image/0", withIntermediateDirectories: true)
+        try "template".write(toFile: prints + "/gate-test-user/virtual_image/0/7", atomically: true, encoding: .utf8)
+        let enrolled = Script()
+        let r = Self.gate(Self.yes, prints: prints).authorize(item, caller: Self.caller(), request: Self.request(), via: enrolled, store: vault)
+        #expect(Self.method(r) == [.fingerprint])
+        #expect(enrolled.announced == 1)
+    }
+
+    @Test func reuseWindowEndsWithTheClock() throws {
+        let vault = try Vault(), clock = FakeClock()
+        let item = try vault.add("device-passcode", reuse: 60)
+        let gate = Self.gate(Self.yes, clock: clock)
+        let first = Script()
+        #expect(Self.method(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: first, store: vault)) == [.password])
+        clock.advance(seconds: 59)
+        let within = Script()
+        #expect(Self.method(gate.authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: within, store: vault)) == [.reuse])
+        #expect(within.announced == 0)
+        #expect(gate.preview(item, caller: Self.caller()) == .available)
+        // Another login session of the same uid has no window.
+        #expect(gate.preview(item, caller: Self.caller(session: 78)) == .requiresAuthentication)
+        clock.advance(seconds: 2)
+        #expect(gate.preview(item, caller: Self.caller()) == .requiresAuthentication)
+        let after = Script()
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: after, store: vault)) == .interactionNotAllowed)
+    }
+
+    // MARK: lockout
+
+    @Test func fiveFailuresLockOutThenEscalateAndPersist() throws {
+        let vault = try Vault(), clock = FakeClock()
+        let item = try vault.add("device-passcode")
+        let gate = Self.gate(Self.no, clock: clock)
+        for _ in 0..<5 {
+            #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: Script(), store: vault)) == .authenticationFailed)
+        }
+        let locked = Script()
+        guard case .failure(let d) = gate.authorize(item, caller: Self.caller(), request: Self.request(), via: locked, store: vault) else {
+            Issue.record("granted while locked out"); return
+        }
+        #expect(d.outcome == .lockedOut && d.secondsLeft == 60)
+        #expect(locked.announced == 0)
+        // A right answer does not help while locked out: the yes-gate is refused too.
+        #expect(Self.outcome(Self.gate(Self.yes, clock: clock).authorize(item, caller: Self.caller(), request: Self.request(), via: Script(), store: vault)) == .lockedOut)
+        clock.advance(seconds: 61)
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: Script(), store: vault)) == .authenticationFailed)
+        #expect(try gate.lockoutLeft(uid: Self.uid, store: vault).get() == 120)  // doubled
+        // Persisted: a new gate (a restarted broker) over the vault reopened from disk.
+        vault.store.withLock { $0.close() }
+        let reopened = try VaultStore.open(stateDirectory: vault.directory + "/state", passwordHashing: .interactive)
+        let record = try reopened.lockout(uid: Self.uid)
+        reopened.close()
+        #expect(record.failures == 6 && record.level == 2)
+        #expect(record.lockedUntil == clock.microseconds() + 120 * 1_000_000)
+    }
+
+    @Test func attemptIsReservedBeforePAMSoAConcurrentOneIsBusy() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        let gate = Self.gate(Self.yes)
+        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0)
+        let first = Script()
+        first.onAnnounce = { inside.signal(); proceed.wait() }
+        let result = Mutex<[AuthMethod.Factor]?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        Thread {
+            let r = gate.authorize(item, caller: Self.caller(), request: Self.request(), via: first, store: vault)
+            result.withLock { $0 = Self.method(r) }
+            done.signal()
+        }.start()
+        inside.wait()
+        // Counted as failed before PAM has run.
+        #expect(try vault.failures() == 1)
+        let second = Script()
+        guard case .failure(let d) = gate.authorize(item, caller: Self.caller(), request: Self.request(), via: second, store: vault) else {
+            Issue.record("second authentication was not refused"); proceed.signal(); return
+        }
+        #expect(d.outcome == .busy && d.detail == AuthenticationLedger.inProgress)
+        #expect(second.announced == 0)
+        proceed.signal()
+        done.wait()
+        #expect(result.withLock { $0 } == [.password])
+        #expect(try vault.failures() == 0)  // given back on success
+    }
+
+    @Test func aLockoutRecordThatCannotBeWrittenRefusesBeforePAM() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        try vault.sql("""
+            CREATE TRIGGER lockout_fault_i BEFORE INSERT ON lockout BEGIN SELECT RAISE(ABORT, 'disk says no'); END;
+            CREATE TRIGGER lockout_fault_u BEFORE UPDATE ON lockout BEGIN SELECT RAISE(ABORT, 'disk says no'); END;
+            """)
+        let script = Script()
+        let r = Self.gate(Self.yes).authorize(item, caller: Self.caller(), request: Self.request(), via: script, store: vault)
+        #expect(Self.outcome(r) == .auditUnavailable)
+        #expect(script.announced == 0)  // PAM never ran
+    }
+
+    @Test func noInteractionNeverReachesPAMOrCounts() throws {
+        let vault = try Vault()
+        let item = try vault.add("device-passcode")
+        let script = Script()
+        let r = Self.gate(Self.yes).authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: script, store: vault)
+        #expect(Self.outcome(r) == .interactionNotAllowed)
+        #expect(script.announced == 0 && script.prompts.isEmpty)
+        #expect(try vault.failures() == 0)
+    }
+
+    // MARK: application password
+
+    @Test func appPasswordRightWrongMissing() throws {
+        let vault = try Vault()
+        let item = try vault.add("app-password", appPassword: "open sesame")
+        let gate = Self.gate(Self.no)
+        let right = Script(answers: ["open sesame"])
+        guard case .success(let granted) = gate.authorize(item, caller: Self.caller(), request: Self.request(), via: right, store: vault) else {
+            Issue.record("right app password refused"); return
+        }
+        #expect(granted.method.factors == [.appPassword])
+        #expect(granted.appPassword.map { Array($0.withUnsafeBytes { Array($0) }) } == Array("open sesame".utf8))
+        granted.wipe()
+        #expect(right.prompts == [.appPassword])
+        let wrong = Script(answers: ["guess"])
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: wrong, store: vault)) == .authenticationFailed)
+        #expect(try vault.failures() == 1)  // a wrong app password is a counted guess
+        let missing = Script(answers: [nil])
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: missing, store: vault)) == .userCanceled)
+        #expect(try vault.failures() == 1)
+        let quiet = Script(answers: ["open sesame"])
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: quiet, store: vault)) == .interactionNotAllowed)
+        #expect(quiet.prompts.isEmpty)
+        #expect(gate.preview(item, caller: Self.caller()) == .requiresAuthentication)
+    }
+
+    // MARK: allowed executables
+
+    @Test func allowedExecutablesAreCheckedAgainstTheVerifiedCaller() throws {
+        let vault = try Vault()
+        var fds: [Int32] = [-1, -1]
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        defer { close(fds[0]); close(fds[1]) }
+        let me = Self.caller(socket: fds[0], peer: Peer(fd: fds[0], pid: getpid(), uid: Self.uid))
+        let other = try vault.add("none", service: "other", allowed: ["/usr/bin/not-this-program"])
+        guard case .failure(let d) = Self.gate(Self.yes).authorize(other, caller: me, request: Self.request(), via: Script(), store: vault) else {
+            Issue.record("another program's item was granted"); return
+        }
+        #expect(d.outcome == .notAuthorized && d.detail == "this program may not read the item")
+        // A caller that cannot be tied to the process that connected is refused as well.
+        #expect(Self.outcome(Self.gate(Self.yes).authorize(other, caller: Self.caller(), request: Self.request(), via: Script(), store: vault)) == .notAuthorized)
+        let mine = try vault.add("none", service: "mine", allowed: [me.executable])
+        #expect(Self.method(Self.gate(Self.yes).authorize(mine, caller: me, request: Self.request(), via: Script(), store: vault)) == [])
+    }
+}
