@@ -1,0 +1,286 @@
+import Glibc
+import KeyholdAuth
+import KeyholdCore
+import KeyholdVault
+import KeyholdProtocol
+
+/// The item operations of a session: each looks the item up under the caller's uid, lets the
+/// release gate decide, and acts through `Broker.transact` (audit, then act).
+extension Session {
+    func get(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        let item: StoredItem
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .get, item: nil, d)
+        case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
+        case .success(let found?): item = found
+        }
+        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
+        let granted: Authorization
+        switch authorize(item, request) {
+        case .failure(let d): return deny(request, .get, item: item, d)
+        case .success(let a): granted = a
+        }
+        defer { granted.wipe() }
+
+        // Open, then audit, then release: nothing leaves before its entry is committed.
+        let record = event(request, .get, item: item, decision: .granted, method: granted.method, outcome: .ok).record()
+        let opened: Result<SecureBytes, Denial>
+        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
+            let secret = try store.openSecret(item, appPassword: granted.appPassword)
+            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
+            return secret
+        }, discard: { $0.wipe() }) {
+        case .success(let secret): opened = .success(secret)
+        case .failure(.appPasswordWrong): opened = .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): opened = .failure(Denial(error.outcome))
+        }
+        switch opened {
+        case .success(let secret):
+            var r = Response(.ok)
+            r.secret = secret
+            r.generation = item.generation
+            r.expires = item.expires
+            return r
+        case .failure(let d):
+            if d.outcome == .auditUnavailable {
+                broker.log("audit entry could not be written; release refused")
+                return Response(.auditUnavailable)
+            }
+            return deny(request, .get, item: item, d)
+        }
+    }
+
+    func put(_ request: Request) -> Response {
+        guard let ref = request.item, let secret = request.secret else { return Response(.usage) }
+        let op: AuditEvent.Operation = request.update ? .update : .put
+        let policy: Policy
+        do throws(Policy.ParseError) {
+            policy = try Policy(parsing: request.policy ?? "none")
+        } catch {
+            return deny(request, op, item: nil, Denial(.usage, error.description))
+        }
+        guard policy.requiresAppPassword == (request.appPassword != nil) else {
+            return deny(request, op, item: nil, Denial(.usage, policy.requiresAppPassword
+                ? "policy needs an application password" : "an application password needs a +app-password policy"))
+        }
+        for exe in request.allowedExecutables where !exe.hasPrefix("/") {
+            return deny(request, op, item: nil, Denial(.usage, "--allow-exe needs an absolute path"))
+        }
+        if let label = request.label, label.utf8.count > Limits.maxTextBytes {
+            return deny(request, op, item: nil, Denial(.usage, "label too long"))
+        }
+        let access = AccessControl(policy: policy, allowedExecutables: request.allowedExecutables, reuseSeconds: request.reuseSeconds)
+
+        var existing: StoredItem?
+        switch lookup(ref) {
+        case .failure(let d):
+            // A damaged item may still be replaced with --update: its old policy cannot be
+            // checked, so only its owner's uid (already scoped) and a fresh authentication by
+            // the new policy stand in. Refuse instead: nothing is silently overwritten.
+            return deny(request, op, item: nil, d)
+        case .success(let e): existing = e
+        }
+        if let found = existing, request.update {
+            switch settledForUpdate(request, ref, found) {  // --if-generation; waits for a rotation in progress
+            case .failure(let d): return deny(request, op, item: found, d)
+            case .success(let e): existing = e
+            }
+        }
+        var method = AuthMethod.none
+        if let existing {
+            guard request.update else { return deny(request, .put, item: existing, Denial(.duplicateItem)) }
+            // Changing a protected item needs its *old* policy satisfied first.
+            switch satisfyCurrentPolicy(of: existing, request) {
+            case .failure(let d): return deny(request, op, item: existing, d)
+            case .success(let m): method = m
+            }
+        }
+        var biometryState: [UInt8]?
+        if policy.bindsBiometrySet {
+            guard case .enrolled(_, let digest) = broker.gate.domainState(user: caller.userName) else {
+                return deny(request, op, item: existing, Denial(.authenticationFailed, "no finger is enrolled for this account"))
+            }
+            biometryState = digest.bytes
+        }
+        let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
+                              access: access, biometryState: biometryState, expires: request.expires)
+        let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
+            if let existing {
+                return try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+            }
+            return try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+        }.mapError { Denial($0.outcome) }
+        switch result {
+        case .success: return Response(.ok)
+        case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, op, item: existing, d)
+        }
+    }
+
+    /// What changing or removing an item needs: its current policy (allowed executables, PAM,
+    /// reuse) and, for `+app-password`, its application password — the gate's whole decision.
+    func satisfyCurrentPolicy(of existing: StoredItem, _ request: Request) -> Result<AuthMethod, Denial> {
+        authorize(existing, request).map { granted in
+            granted.wipe()
+            return granted.method
+        }
+    }
+
+    func delete(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        let item: StoredItem
+        switch lookup(ref) {
+        case .failure(let d) where d.outcome == .integrityFailure:
+            return deleteWithOwnerPassword(request, ref, intact: nil)
+        case .failure(let d): return deny(request, .delete, item: nil, d)
+        case .success(nil): return deny(request, .delete, item: nil, Denial(.notFound))
+        case .success(let found?): item = found
+        }
+        // Unlike SecItemDelete, a gated item is removed only after its policy is satisfied:
+        // otherwise `rm` and `put` would replace it without the policy (issue 8, item 5).
+        var method = AuthMethod.none
+        switch satisfyCurrentPolicy(of: item, request) {
+        case .failure(let d) where d.outcome == .invalidated:
+            // Its policy can never be satisfied again: its owner clears it with their password.
+            return deleteWithOwnerPassword(request, ref, intact: item)
+        case .failure(let d): return deny(request, .delete, item: item, d)
+        case .success(let m): method = m
+        }
+        let audit = event(request, .delete, item: item, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            try store.delete(item, audit: audit)
+        }.mapError { Denial($0.outcome) }
+        switch result {
+        case .success: return Response(.ok)
+        case .failure(let d) where d.outcome == .auditUnavailable: return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .delete, item: item, d)
+        }
+    }
+
+    /// `rm` of an item whose policy cannot be checked any more: one that no longer opens
+    /// (`intact` nil: the row the caller's own blind index names is removed, audited as an
+    /// error with the integrity outcome) or one that is invalidated. Either needs the owner's
+    /// account password first, so a same-user program cannot clear a damaged item and store
+    /// its own under the name without the person.
+    func deleteWithOwnerPassword(_ request: Request, _ ref: ItemReference, intact: StoredItem?) -> Response {
+        let method: AuthMethod
+        switch ownerPassword(ref, request) {
+        case .failure(let d): return deny(request, .delete, item: intact, d)
+        case .success(let m): method = m
+        }
+        let audit = intact == nil
+            ? event(request, .delete, decision: .error, method: method, outcome: .integrityFailure).record()
+            : event(request, .delete, item: intact, decision: .granted, method: method, outcome: .ok).record()
+        let result = broker.transact(audit) { (store) throws(StoreError) in
+            if let intact {
+                try store.delete(intact, audit: audit)
+            } else {
+                try store.deleteDamaged(owner: caller.uid, service: ref.service, account: ref.account, audit: audit)
+            }
+        }.mapError { Denial($0.outcome) }
+        switch result {
+        case .success:
+            return Response(.ok, detail: intact == nil ? "the item was damaged; it has been removed" : nil)
+        case .failure(let d) where d.outcome == .auditUnavailable:
+            return Response(.auditUnavailable)
+        case .failure(let d): return deny(request, .delete, item: intact, d)
+        }
+    }
+
+    /// The caller's own account password (stack keyhold-passcode), counted like any attempt.
+    func ownerPassword(_ ref: ItemReference, _ request: Request) -> Result<AuthMethod, Denial> {
+        broker.gate.authorizeOwner(of: ref, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
+    }
+
+    /// Metadata of the caller's items, read and sent page by page: the store is held only
+    /// while a page is read, and the client decodes one page while the next is read.
+    func list(_ request: Request) -> Response {
+        guard broker.audit(event(request, .list, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        var cursor: VaultStore.ItemPageCursor?
+        var count = 0, damaged = 0
+        repeat {
+            let page: Result<(items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?), Denial> = broker.withStore { store in
+                do throws(StoreError) {
+                    return .success(try store.items(owner: caller.uid, after: cursor, limit: 2000))
+                } catch {
+                    return .failure(Denial(error.outcome))
+                }
+            }
+            guard case .success(let found) = page else { return Response(.otherError, detail: "the item list could not be read") }
+            let infos = found.items.map { i in
+                ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
+                         policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
+                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
+                         generation: i.generation, expires: i.expires)
+            }
+            for payload in BrokerMessage.encodedItemBatches(infos) {
+                do throws(FrameError) {
+                    try Frame.write(payload, to: fd)
+                } catch {
+                    return Response(.otherError)
+                }
+            }
+            count += infos.count
+            damaged += found.damaged
+            cursor = found.next
+        } while cursor != nil
+        var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
+        r.count = UInt64(count)
+        return r
+    }
+
+    func state(_ request: Request) -> Response {
+        guard let ref = request.item else { return Response(.usage) }
+        var r = Response(.ok)
+        switch broker.gate.lockoutLeft(uid: caller.uid, store: broker) {
+        case .success(let left): r.secondsLeft = left
+        case .failure(let d): return deny(request, .state, item: nil, d)
+        }
+        switch lookup(ref) {
+        case .failure(let d): return deny(request, .state, item: nil, d)
+        case .success(nil):
+            r.state = "not-found"
+            guard broker.audit(event(request, .state, decision: .granted, outcome: .notFound)) else { return Response(.auditUnavailable) }
+            return r
+        case .success(let item?):
+            let availability = broker.gate.preview(item, caller: caller)
+            r.state = availability.rawValue
+            // Past its expiry the item is still released (the caller decides); `state` says so.
+            if availability != .invalidated, let expires = item.expires, expires <= currentMicroseconds() { r.state = "expired" }
+            r.generation = item.generation
+            r.expires = item.expires
+            guard broker.audit(event(request, .state, item: item, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+            return r
+        }
+    }
+
+    /// Anyone may ask how the vault is protected; nothing about items.
+    func status(_ request: Request) -> Response {
+        guard broker.audit(event(request, .status, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok, detail: broker.protection.statusText)
+    }
+
+    func lock(_ request: Request) -> Response {
+        broker.gate.endReuse(uid: caller.uid)
+        guard broker.audit(event(request, .lock, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return Response(.ok)
+    }
+
+    func biometry(_ request: Request) -> Response {
+        var r = Response(.ok)
+        switch broker.gate.domainState(user: caller.userName) {
+        case .unreadable: r.detail = "fprintd's print store is not readable by the broker"
+        case .noneEnrolled: break
+        case .enrolled(let fingers, _): r.fingers = fingers
+        }
+        r.reader = BiometryStore.readerDescription()
+        let bound: Int = broker.withStore { store in
+            ((try? store.items(owner: caller.uid))?.items ?? []).filter { $0.access.policy.bindsBiometrySet }.count
+        }
+        r.count = UInt64(bound)
+        guard broker.audit(event(request, .biometry, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        return r
+    }
+}
