@@ -102,26 +102,21 @@ extension Session {
         guard caller.uid == 0 else { return deny(request, .auditPrune, item: nil, Denial(.notAuthorized, "only root may prune the audit log")) }
         guard let until = request.until else { return deny(request, .auditPrune, item: nil, Denial(.usage, "prune needs --until")) }
         let record = event(request, .auditPrune, decision: .granted, outcome: .ok).record()
-        let result: Result<Int64, Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                guard let seq = try store.lastAuditSeq(atOrBefore: until) else { return .success(0) }
-                return .success(try store.pruneAudit(throughSeq: seq, audit: record))
-            } catch {
-                return .failure(Denial(error.outcome))
+        // Audit, then act, like every other operation: nothing to prune is still one entry.
+        let result = broker.transact(record) { (store) throws(StoreError) -> Int64 in
+            guard let seq = try store.lastAuditSeq(atOrBefore: until) else {
+                try store.append(record)
+                return 0
             }
+            return try store.pruneAudit(throughSeq: seq, audit: record)
         }
         switch result {
         case .success(let n):
-            if n > 0 { broker.committed(record, true) } else if !broker.audit(event(request, .auditPrune, decision: .granted, outcome: .ok)) {
-                return Response(.auditUnavailable)
-            }
             var r = Response(.ok)
             r.count = UInt64(n)
             return r
-        case .failure(let d) where d.outcome == .auditUnavailable:
-            broker.committed(record, false)
-            return Response(.auditUnavailable)
-        case .failure(let d): return deny(request, .auditPrune, item: nil, d)
+        case .failure(.auditWriteFailed): return Response(.auditUnavailable)
+        case .failure(let e): return deny(request, .auditPrune, item: nil, Denial(e.outcome))
         }
     }
 
