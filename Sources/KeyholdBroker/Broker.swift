@@ -19,7 +19,7 @@ public final class Broker: Sendable {
     let anchor: RollbackAnchor?
     /// With the TPM protector: the NV counter, advanced after changes that matter.
     let counter: TPMRollbackCounter?
-    private let store: Mutex<VaultStore>
+    private let store: BlockingMutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
@@ -30,7 +30,7 @@ public final class Broker: Sendable {
         self.protection = protection
         self.anchor = anchor
         self.counter = counter
-        self.store = Mutex(store)
+        self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
     }
