@@ -53,6 +53,23 @@ public struct CallerFacts: Sendable, Equatable {
                            tty: ttyPath(stat.ttyNr), remote: remote)
     }
 
+    /// The facts without the ancestry walk (`remote` nil): what every request needs. Only a
+    /// PAM conversation needs `remoteSession(of:)`, so a `policy none` get skips its /proc walk.
+    public static func readLocal(pid: Int32) -> CallerFacts? {
+        guard pid > 0, let stat = ProcStat.read(pid: pid) else { return nil }
+        return CallerFacts(pid: pid, parentPID: stat.ppid, executable: readExecutable(pid: pid),
+                           sessionID: stat.session, startTime: stat.startTime, tty: ttyPath(stat.ttyNr), remote: nil)
+    }
+
+    /// The sshd ancestry of the process `facts` describe, read now. Fails closed: when that
+    /// process is gone, or its pid names another process, it counts as remote.
+    public static func remoteSession(of facts: CallerFacts) -> RemoteSession? {
+        guard let stat = ProcStat.read(pid: facts.pid), stat.startTime == facts.startTime else {
+            return RemoteSession(sshdPID: 0, host: "remote")
+        }
+        return findRemote(pid: facts.pid, stat: stat)
+    }
+
     public static func readExecutable(pid: Int32) -> String? {
         var buf = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
         let n = readlink("/proc/\(pid)/exe", &buf, buf.count - 1)

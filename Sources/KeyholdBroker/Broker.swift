@@ -22,7 +22,7 @@ public final class Broker: Sendable {
     let counter: TPMRollbackCounter?
     /// Set when a request's rollback check failed: every later request gets it (RollbackWatch.swift).
     let rollbackRefusal = Mutex<String?>(nil)
-    private let store: Mutex<VaultStore>
+    private let store: BlockingMutex<VaultStore>
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
@@ -33,7 +33,7 @@ public final class Broker: Sendable {
         self.protection = protection
         self.anchor = anchor
         self.counter = counter
-        self.store = Mutex(store)
+        self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
     }

@@ -1,4 +1,5 @@
 import Glibc
+import Synchronization
 import CKeyholdOS
 import KeyholdAuth
 import KeyholdProtocol
@@ -34,11 +35,15 @@ struct Caller: Sendable {
     let executable: String
     /// Login session (`getsid`), which scopes authentication reuse windows; -1 if unknown.
     let sessionID: Int32
-    /// passwd name of `uid`; nil when the uid has no passwd entry (no PAM possible).
-    let userName: String?
-    /// PAM_TTY and PAM_RHOST, from what the broker could verify about the caller's session.
+    /// PAM_TTY, from what the broker could verify about the caller's session.
     let tty: String?
-    let remoteHost: String?
+    /// The passwd name and PAM_RHOST, read when first asked for (only PAM and biometry need
+    /// them): a `policy none` get skips the passwd lookup and the /proc walk up to sshd.
+    private let onDemand: CallerOnDemand
+    /// passwd name of `uid`; nil when the uid has no passwd entry (no PAM possible).
+    var userName: String? { onDemand.userName }
+    /// nil for a local caller; "remote" when the sender's ancestry can no longer be read.
+    var remoteHost: String? { onDemand.remoteHost }
     /// The connection this request came on, and its peer.
     var socket: Int32 = -1
     var peer: Peer?
@@ -60,10 +65,10 @@ struct Caller: Sendable {
         // A pidfd taken before /proc is read: if it is still alive afterwards, the facts are this process's.
         let pidfd = ckh_pidfd_open(pid)
         defer { if pidfd >= 0 { close(pidfd) } }
-        let facts = CallerFacts.read(pid: pid)
+        let facts = CallerFacts.readLocal(pid: pid)
         if pidfd < 0 || ckh_pidfd_alive(pidfd) != 1 { problem = problem ?? "the sender exited before it could be identified" }
         var caller = Caller(uid: peer.uid, pid: pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
-                            userName: CallerAccount.lookup(uid: peer.uid)?.name, tty: facts?.tty, remoteHost: facts?.pamRemoteHost)
+                            tty: facts?.tty, onDemand: CallerOnDemand(uid: peer.uid, facts: facts))
         caller.socket = fd
         caller.peer = peer
         caller.identityProblem = problem
@@ -72,9 +77,9 @@ struct Caller: Sendable {
 
     /// The peer alone, for a connection whose request could not be read.
     static func identify(socket fd: Int32, peer: Peer) -> Caller {
-        let facts = CallerFacts.read(pid: peer.pid)
+        let facts = CallerFacts.readLocal(pid: peer.pid)
         var caller = Caller(uid: peer.uid, pid: peer.pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
-                            userName: CallerAccount.lookup(uid: peer.uid)?.name, tty: facts?.tty, remoteHost: facts?.pamRemoteHost)
+                            tty: facts?.tty, onDemand: CallerOnDemand(uid: peer.uid, facts: facts))
         caller.socket = fd
         caller.peer = peer
         caller.identityProblem = "the request could not be read"
@@ -102,7 +107,56 @@ struct Caller: Sendable {
     }
 }
 
+/// What a caller's request needs only for PAM, read once on first use. The sshd walk then
+/// checks that the pid still names the process identified on arrival (its start time) and
+/// otherwise reports the caller as remote, which only restricts it.
+final class CallerOnDemand: Sendable {
+    private struct State { var userName: String??; var remoteHost: String?? }
+    private let uid: UInt32
+    private let facts: CallerFacts?
+    private let state = Mutex(State())
+
+    init(uid: UInt32, facts: CallerFacts?) {
+        self.uid = uid
+        self.facts = facts
+    }
+
+    fileprivate func preset(userName: String?, remoteHost: String?) {
+        state.withLock { $0 = State(userName: .some(userName), remoteHost: .some(remoteHost)) }
+    }
+
+    var userName: String? {
+        if let known = state.withLock({ $0.userName }) { return known }
+        let name = CallerAccount.lookup(uid: uid)?.name
+        state.withLock { $0.userName = .some(name) }
+        return name
+    }
+
+    var remoteHost: String? {
+        if let known = state.withLock({ $0.remoteHost }) { return known }
+        // Unknown facts (the sender was gone on arrival) were local before; stay so.
+        let host = facts.flatMap { CallerFacts.remoteSession(of: $0)?.host }
+        state.withLock { $0.remoteHost = .some(host) }
+        return host
+    }
+}
+
 /// Why a request cannot be tied to one process for an `--allow-exe` check.
 struct IdentityProblem: Error {
     let why: String
+}
+
+extension Caller {
+    /// A caller whose account facts are already known (the release gate's unit tests).
+    init(uid: UInt32, pid: Int32, executable: String, sessionID: Int32, userName: String?, tty: String?, remoteHost: String?) {
+        self.init(uid: uid, pid: pid, executable: executable, sessionID: sessionID, tty: tty,
+                  onDemand: CallerOnDemand(uid: uid, knownUserName: userName, remoteHost: remoteHost))
+    }
+}
+
+extension CallerOnDemand {
+    convenience init(uid: UInt32, knownUserName: String?, remoteHost: String?) {
+        self.init(uid: uid, facts: nil)
+        preset(userName: knownUserName, remoteHost: remoteHost)
+    }
 }

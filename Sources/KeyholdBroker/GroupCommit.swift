@@ -16,11 +16,21 @@ final class GroupCommit: @unchecked Sendable {
         let work: (VaultStore) -> Bool
         var finished = false
         var committed = false
-        init(_ work: @escaping (VaultStore) -> Bool) { self.work = work }
+        /// Signalled when this member is finished or should lead: one wake-up per member instead
+        /// of a broadcast that woke every waiter after every commit.
+        let wake: UnsafeMutablePointer<pthread_cond_t>
+        init(_ work: @escaping (VaultStore) -> Bool) {
+            self.work = work
+            wake = .allocate(capacity: 1)
+            pthread_cond_init(wake, nil)
+        }
+        deinit {
+            pthread_cond_destroy(wake)
+            wake.deallocate()
+        }
     }
 
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    private let changed: UnsafeMutablePointer<pthread_cond_t>
     private var queue: [Member] = []
     private var leading = false
     /// Members per commit, for the benchmark's and the tests' view of batching.
@@ -36,16 +46,12 @@ final class GroupCommit: @unchecked Sendable {
 
     init() {
         mutex = .allocate(capacity: 1)
-        changed = .allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
-        pthread_cond_init(changed, nil)
     }
 
     deinit {
-        pthread_cond_destroy(changed)
         pthread_mutex_destroy(mutex)
         mutex.deallocate()
-        changed.deallocate()
     }
 
     /// Runs `work` in the next group and returns whether the commit holding it succeeded.
@@ -61,7 +67,7 @@ final class GroupCommit: @unchecked Sendable {
                 if !leading {
                     lead(withStore)
                 } else {
-                    pthread_cond_wait(changed, mutex)
+                    pthread_cond_wait(member.wake, mutex)
                 }
             }
             let committed = member.committed
@@ -89,10 +95,13 @@ final class GroupCommit: @unchecked Sendable {
         for (i, member) in group.enumerated() {
             member.committed = committed && results[i]
             member.finished = true
+            pthread_cond_signal(member.wake)
         }
         commits += 1
         membersCommitted += group.count
         leading = false
-        pthread_cond_broadcast(changed)
+        // The oldest waiter leads next (unless a newcomer takes the lead first: then that
+        // leader's commit finishes it, or hands on to it again).
+        if let next = queue.first { pthread_cond_signal(next.wake) }
     }
 }

@@ -15,12 +15,13 @@ enum ListenerError: Error, CustomStringConvertible {
     }
 }
 
-/// The Unix socket and its accept loop: one thread per connection, so a slow PAM
-/// conversation holds up no one else; slots are shared fairly per uid (`ConnectionSlots`).
+/// The Unix socket and its accept loop: one thread per connection (reused, `ParkedThreads`),
+/// so a slow PAM conversation holds up no one else; slots are shared fairly per uid (`ConnectionSlots`).
 enum Listener {
     /// A burst of connections waits in the kernel's queue instead of failing.
     static let backlog: Int32 = 4096
     static let slots = ConnectionSlots()
+    static let threads = ParkedThreads()
 
     static func bind(path: String, mode: UInt32) throws(ListenerError) -> Int32 {
         var st = stat()
@@ -79,7 +80,7 @@ enum Listener {
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
             let peer = Peer(fd: fd, pid: pid, uid: uid)
             let owner = uid
-            let started = BrokerThread.start {
+            let started = threads.run {
                 defer {
                     peer.close()
                     close(fd)

@@ -1,18 +1,25 @@
 import CSodium
 
 /// Bytes that may be secret: held in `sodium_malloc` memory (guard pages, mlock where the
-/// limit allows), wiped and freed on deinit. Never printed: `description` hides the bytes.
+/// limit allows), wiped on deinit and then freed or kept wiped for reuse (`SecureRegionPool`).
+/// Never printed: `description` hides the bytes.
 public final class SecureBytes: @unchecked Sendable, CustomStringConvertible {
     public let count: Int
     private let pointer: UnsafeMutableRawPointer
+    /// The `sodium_malloc` region `pointer` lies in (it ends where the region ends, so the guard
+    /// page after it still catches an overrun), and its size class; -1 when not pooled.
+    private let region: UnsafeMutableRawPointer
+    private let sizeClass: Int
 
     /// Zeroed guarded memory of `count` bytes (a 0-byte buffer still gets a valid pointer).
     public init(count: Int) {
         Sodium.ready()
         precondition(count >= 0)
-        guard let p = sodium_malloc(max(count, 1)) else { fatalError("sodium_malloc failed") }
-        sodium_memzero(p, max(count, 1))
-        self.pointer = p
+        let (region, sizeClass, capacity) = SecureRegionPool.take(count: max(count, 1))
+        self.region = region
+        self.sizeClass = sizeClass
+        self.pointer = region + (capacity - max(count, 1))
+        sodium_memzero(pointer, max(count, 1))
         self.count = count
     }
 
@@ -35,7 +42,10 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible {
         return s
     }
 
-    deinit { sodium_free(pointer) }  // sodium_free zeroes before freeing
+    deinit {
+        sodium_memzero(pointer, max(count, 1))
+        SecureRegionPool.give(region, sizeClass: sizeClass)  // sodium_free zeroes again before freeing
+    }
 
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {
         try body(UnsafeRawBufferPointer(start: pointer, count: count))
