@@ -189,12 +189,17 @@ public enum KeyholdCommand {
                     ("reuse_seconds", .number(Int64(i.reuseSeconds))),
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
                     ("generation", .number(Int64(clamping: i.generation))),
+                    ("attributes", ListAttributes.json(i)),
                 ]) + "\n")
             }
             return
         }
-        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "LABEL"]]
-        for i in items { rows.append([i.service, i.account, i.kind.name, i.policy, i.label]) }
+        // An ATTRIBUTES column only when some item carries a Secret Service attribute map.
+        let withAttributes = items.contains(where: ListAttributes.isEncoded)
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "LABEL"] + (withAttributes ? ["ATTRIBUTES"] : [])]
+        for i in items {
+            rows.append([i.service, i.account, i.kind.name, i.policy, i.label] + (withAttributes ? [ListAttributes.text(i)] : []))
+        }
         Output.out(Output.table(rows))
     }
 
