@@ -221,14 +221,17 @@ public enum KeyholdCommand {
                     ("created", .string(Time.iso8601(i.createdAt))), ("updated", .string(Time.iso8601(i.updatedAt))),
                     ("generation", .number(Int64(clamping: i.generation))),
                     ("expires", i.expires.map { .string(Time.iso8601($0)) } ?? .null),
+                    ("attributes", ListAttributes.json(i)),
                 ]) + "\n")
             }
             return
         }
-        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "EXPIRES", "LABEL"]]
+        // An ATTRIBUTES column only when some item carries a Secret Service attribute map.
+        let withAttributes = items.contains(where: ListAttributes.isEncoded)
+        var rows = [["SERVICE", "ACCOUNT", "KIND", "POLICY", "GEN", "EXPIRES", "LABEL"] + (withAttributes ? ["ATTRIBUTES"] : [])]
         for i in items {
             rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation),
-                         i.expires.map { Time.iso8601($0) } ?? "-", i.label])
+                         i.expires.map { Time.iso8601($0) } ?? "-", i.label] + (withAttributes ? [ListAttributes.text(i)] : []))
         }
         Output.out(Output.table(rows))
     }

@@ -42,14 +42,19 @@ extension Agent {
             try unlock(try c.r.objectPaths(limit: Self.maxObjects), c)
         case "Lock":
             try c.r.requireSignature("ao")
-            var locked: [String] = []
+            var locked: [String] = [], changedLocks: [String] = []
             for path in try c.r.objectPaths(limit: Self.maxObjects) {
                 if case .item(let id)? = SecretObject.resolve(path) {
+                    let wasUnlocked = state.unlockedUntil[id].map { $0 > AgentState.now() } ?? false
                     state.unlockedUntil[id] = nil
-                    if let i = try? item(id), state.isLocked(i) { locked.append(path) }
+                    if let i = try? item(id), state.isLocked(i) {
+                        locked.append(path)
+                        if wasUnlocked { changedLocks.append(id) }
+                    }
                 }
             }
             try reply(c.m) { w in w.objectPaths(locked); w.objectPath("/") }
+            for id in changedLocks { announceLocked(id, true) }
         case "GetSecrets":
             try c.r.requireSignature("aoo")
             let paths = try c.r.objectPaths(limit: Self.maxObjects)
@@ -164,7 +169,11 @@ extension Agent {
             }
             let path = SecretObject.itemPath(stored.id)
             try reply(c.m) { w in w.objectPath(path); w.objectPath("/") }
-            signal(SecretObject.collectionPath, Interface.collection, existing == nil ? "ItemCreated" : "ItemChanged") { $0.objectPath(path) }
+            if existing == nil {
+                announce(.created, item: stored.id)
+            } else {
+                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"])
+            }
         case "Delete":
             throw .notSupported("the login collection cannot be deleted")
         default:
@@ -201,7 +210,7 @@ extension Agent {
             }
             state.items[id] = nil
             try reply(c.m) { _ in }
-            signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(SecretObject.itemPath(id)) }
+            announce(.changed, item: id, changedProperties: ["Modified"])
         case "Delete":
             try c.r.requireSignature("")
             do throws(KeyholdError) {
@@ -212,7 +221,7 @@ extension Agent {
             state.items[id] = nil
             state.unlockedUntil[id] = nil
             try reply(c.m) { w in w.objectPath("/") }
-            signal(SecretObject.collectionPath, Interface.collection, "ItemDeleted") { $0.objectPath(SecretObject.itemPath(id)) }
+            announce(.deleted, item: id)
         default:
             throw .unknownMethod("no method \(c.member) on an Item")
         }

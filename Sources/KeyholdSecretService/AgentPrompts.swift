@@ -61,6 +61,7 @@ extension Agent {
                 }
             }
             completed(path, dismissed: done.isEmpty, done)
+            for p in done { if case .item(let id)? = SecretObject.resolve(p) { announceLocked(id, false) } }
         case "Dismiss":
             try c.r.requireSignature("")
             state.prompts[path] = nil

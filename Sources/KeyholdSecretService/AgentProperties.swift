@@ -112,6 +112,6 @@ extension Agent {
         }
         state.items[id] = nil
         try reply(c.m) { _ in }
-        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(SecretObject.itemPath(id)) }
+        announce(.changed, item: id, changedProperties: ["Label", "Modified"])
     }
 }

@@ -18,13 +18,13 @@ final class SecretServiceFixture: @unchecked Sendable {
     static let dbusDaemon = "/usr/bin/dbus-daemon"
 
     init(broker: BrokerFixture? = nil, user: TestUser? = nil, password: String = "right", startAgent: Bool = true,
-         agentArguments: [String] = [], agentEnvironment: [String: String] = [:]) throws {
+         agentArguments: [String] = [], agentEnvironment: [String: String] = [:], busGuests: [String] = []) throws {
         let user = try user ?? TestUser(prefix: "khs")
         self.user = user
         self.broker = try broker ?? BrokerFixture(passwords: [user.name: password])
         directory = TestPaths.temporaryDirectory("khss")
         chown(directory, user.uid, gid_t(user.uid))
-        chmod(directory, 0o700)
+        chmod(directory, busGuests.isEmpty ? 0o700 : 0o711)  // guests reach the bus socket only
         servicesDirectory = directory + "/services"
         mkdir(servicesDirectory, 0o755)
         chown(servicesDirectory, user.uid, gid_t(user.uid))
@@ -37,6 +37,7 @@ final class SecretServiceFixture: @unchecked Sendable {
               <listen>\(busAddress)</listen>
               <servicedir>\(servicesDirectory)</servicedir>
               <policy context="default">
+            \(busGuests.map { "    <allow user=\"\($0)\"/>\n    <allow receive_sender=\"*\"/>" }.joined(separator: "\n"))
                 <allow send_destination="*" eavesdrop="true"/>
                 <allow eavesdrop="true"/>
                 <allow own="*"/>

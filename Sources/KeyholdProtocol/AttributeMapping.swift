@@ -1,5 +1,4 @@
 import KeyholdCore
-import KeyholdProtocol
 
 /// How a Secret Service item's attribute map and Keyhold's (service, account) name meet.
 ///
