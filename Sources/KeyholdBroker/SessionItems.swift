@@ -7,19 +7,33 @@ import KeyholdProtocol
 /// The item operations of a session: each looks the item up under the caller's uid, lets the
 /// release gate decide, and acts through `Broker.transact` (audit, then act).
 extension Session {
-    func get(_ request: Request) -> Response {
-        guard let ref = request.item else { return Response(.usage) }
+    /// What a release starts with (`get`, `rotate`): the item the request names, looked up
+    /// under the caller's uid, and the gate's whole decision on it; or the (audited) refusal.
+    enum Decision {
+        case granted(StoredItem, Authorization)
+        case answered(Response)
+    }
+
+    func decideRelease(_ request: Request) -> Decision {
+        guard let ref = request.item else { return .answered(Response(.usage)) }
         let item: StoredItem
         switch lookup(ref) {
-        case .failure(let d): return deny(request, .get, item: nil, d)
-        case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
+        case .failure(let d): return .answered(deny(request, .get, item: nil, d))
+        case .success(nil): return .answered(deny(request, .get, item: nil, Denial(.notFound)))
         case .success(let found?): item = found
         }
-        if let d = refusedThroughAgent(item, request) { return deny(request, .get, item: item, d) }
-        let granted: Authorization
+        if let d = refusedThroughAgent(item, request) { return .answered(deny(request, .get, item: item, d)) }
         switch authorize(item, request) {
-        case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let a): granted = a
+        case .failure(let d): return .answered(deny(request, .get, item: item, d))
+        case .success(let granted): return .granted(item, granted)
+        }
+    }
+
+    func get(_ request: Request) -> Response {
+        let item: StoredItem, granted: Authorization
+        switch decideRelease(request) {
+        case .answered(let response): return response
+        case .granted(let i, let a): (item, granted) = (i, a)
         }
         defer { granted.wipe() }
 

@@ -19,17 +19,12 @@ extension Session {
     func rotate(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
         let seconds = Int64(request.timeoutSeconds ?? Limits.defaultRotationSeconds) * 1000
-        let item: StoredItem
-        switch lookup(ref) {
-        case .failure(let d): return deny(request, .get, item: nil, d)
-        case .success(nil): return deny(request, .get, item: nil, Denial(.notFound))
-        case .success(let found?): item = found
-        }
-        // The gate's whole decision, application password included (checked and counted there).
-        let granted: Authorization
-        switch authorize(item, request) {
-        case .failure(let d): return deny(request, .get, item: item, d)
-        case .success(let a): granted = a
+        // The gate's whole decision, application password included (checked and counted
+        // there), exactly as for `get`.
+        let item: StoredItem, granted: Authorization
+        switch decideRelease(request) {
+        case .answered(let response): return response
+        case .granted(let i, let a): (item, granted) = (i, a)
         }
         defer { granted.wipe() }
         let method = granted.method, appPassword = granted.appPassword

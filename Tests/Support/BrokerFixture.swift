@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 
 /// A test that writes to a child's stdin or a socket the broker already closed (a busy
 /// answer, a frame deadline) must see EPIPE, not kill the whole test process with SIGPIPE.
@@ -352,11 +353,26 @@ public final class TestUser: @unchecked Sendable {
     public let name: String
     public let uid: UInt32
 
+    /// Names are unique within this test process (a counter), and across processes by pid;
+    /// a name left behind by a killed run is skipped.
+    private static let next = Mutex(0)
+
     public init(prefix: String = "khu") throws {
-        name = "\(prefix)\(getpid() % 100000)\(Int.random(in: 10...99))"
-        let r = runCommand("/usr/sbin/useradd", ["-M", "-s", "/usr/sbin/nologin", name])
-        guard r.status == 0, let pw = getpwnam(name) else { throw FixtureError.brokerDidNotStart("useradd failed: \(r.stderr)") }
-        uid = pw.pointee.pw_uid
+        var made: (String, UInt32)?
+        var lastError = ""
+        for _ in 0..<20 where made == nil {
+            let n = Self.next.withLock { $0 += 1; return $0 }
+            let candidate = "\(prefix)\(getpid() % 100000)x\(n)"
+            let r = runCommand("/usr/sbin/useradd", ["-M", "-s", "/usr/sbin/nologin", candidate])
+            if r.status == 0, let pw = getpwnam(candidate) {
+                made = (candidate, pw.pointee.pw_uid)
+            } else {
+                lastError = r.stderr
+                usleep(50_000)  // another test's useradd may hold /etc/passwd's lock
+            }
+        }
+        guard let made else { throw FixtureError.brokerDidNotStart("useradd failed: \(lastError)") }
+        (name, uid) = made
     }
 
     deinit { runCommand("/usr/sbin/userdel", [name]) }
