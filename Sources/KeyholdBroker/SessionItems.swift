@@ -29,6 +29,23 @@ extension Session {
         }
     }
 
+    /// Opens the secret and commits its release entry; nothing is returned before that entry is
+    /// in. The one release path of `get` and `rotate`.
+    func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
+                         appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
+        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
+            let secret = try store.openSecret(item, appPassword: appPassword)
+            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
+            return secret
+        }, discard: { $0.wipe() }) {
+        case .success(let secret): return .success(secret)
+        case .failure(.appPasswordWrong):
+            return .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): return .failure(Denial(error.outcome))
+        }
+    }
+
     func get(_ request: Request) -> Response {
         let item: StoredItem, granted: Authorization
         switch decideRelease(request) {
@@ -38,17 +55,7 @@ extension Session {
         defer { granted.wipe() }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        let record = event(request, .get, item: item, decision: .granted, method: granted.method, outcome: .ok).record()
-        let opened: Result<SecureBytes, Denial>
-        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
-            let secret = try store.openSecret(item, appPassword: granted.appPassword)
-            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
-            return secret
-        }, discard: { $0.wipe() }) {
-        case .success(let secret): opened = .success(secret)
-        case .failure(.appPasswordWrong): opened = .failure(Denial(.authenticationFailed, "wrong application password"))
-        case .failure(let error): opened = .failure(Denial(error.outcome))
-        }
+        let opened = release(item, request, method: granted.method, appPassword: granted.appPassword)
         switch opened {
         case .success(let secret):
             var r = Response(.ok)

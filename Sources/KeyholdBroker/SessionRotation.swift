@@ -72,22 +72,6 @@ extension Session {
         return commit(current, newSecret, expires: expires, request, method: method, appPassword: appPassword)
     }
 
-    /// Opens the secret and commits its release entry; nothing is returned before that entry is in.
-    private func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
-                         appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
-        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
-            let secret = try store.openSecret(item, appPassword: appPassword)
-            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
-            return secret
-        }, discard: { $0.wipe() }) {
-        case .success(let secret): return .success(secret)
-        case .failure(.appPasswordWrong):
-            return .failure(Denial(.authenticationFailed, "wrong application password"))
-        case .failure(let error): return .failure(Denial(error.outcome))
-        }
-    }
-
     /// The client's new secret, or nil: a cancel, anything else, a closed socket, the deadline,
     /// or a frame some other user's process wrote into the connection.
     private func awaitRotated(deadline: Int64) -> (SecureBytes, Int64?)? {

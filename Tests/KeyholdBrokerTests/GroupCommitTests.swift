@@ -37,22 +37,10 @@ import KeyholdTestSupport
                     service: "s", account: "a", decision: .granted, method: .none, reason: reason, outcome: .ok)
     }
 
-    /// Runs `count` real threads (not GCD workers, whose pool is too small to block 48 at
-    /// once) and returns when all have finished.
-    static func threads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
-        let done = DispatchSemaphore(value: 0)
-        for i in 0..<count {
-            let t = Thread { body(i); done.signal() }
-            t.stackSize = 1 << 20
-            t.start()
-        }
-        for _ in 0..<count { done.wait() }
-    }
-
     /// Runs `members` threads at once, each appending one entry; returns whether each was acknowledged.
     static func burst(_ h: Harness, members: Int, marker: String) -> [Bool] {
         let acknowledged = Mutex([Bool](repeating: false, count: members))
-        threads(members) { i in
+        runThreads(members) { i in
             let ok = h.run { store in (try? store.append(record("\(marker)-\(i)"))) != nil }
             acknowledged.withLock { $0[i] = ok }
         }
@@ -72,7 +60,7 @@ import KeyholdTestSupport
     @Test func aMemberThatFailsRollsBackAloneAndOthersLand() throws {
         let h = try Harness()
         let acks = Mutex([Bool](repeating: false, count: 16))
-        Self.threads(16) { i in
+        runThreads(16) { i in
             let ok = h.run { store in
                 do {
                     try store.memberTransaction { () throws(StoreError) in
@@ -119,7 +107,7 @@ import KeyholdTestSupport
         let acks = Mutex([Bool](repeating: true, count: 47))
         let all = DispatchSemaphore(value: 0)
         Thread.detachNewThread {
-            Self.threads(47) { i in
+            runThreads(47) { i in
                 let r = Self.record("c-\(i)", pid: i == 23 ? 666 : 4242)
                 let ok = h.run { store in (try? store.append(r)) != nil }
                 acks.withLock { $0[i] = ok }

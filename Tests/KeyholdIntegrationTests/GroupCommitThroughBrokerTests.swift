@@ -10,17 +10,6 @@ import KeyholdTestSupport
 /// Group commit seen from callers of the real broker: what a caller was told happened is
 /// durable, even when the broker is killed mid-burst, and a caller that hangs up is audited.
 @Suite struct GroupCommitThroughBrokerTests {
-    /// Real threads (a blocked GCD pool would serialise the burst).
-    static func threads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) {
-        let done = DispatchSemaphore(value: 0)
-        for i in 0..<count {
-            let t = Thread { body(i); done.signal() }
-            t.stackSize = 1 << 20
-            t.start()
-        }
-        for _ in 0..<count { done.wait() }
-    }
-
     @Test func killNineDuringABurstLosesNoAcknowledgedWrite() throws {
         let b = try BrokerFixture()
         let vault = Vault(socketPath: b.socketPath)
@@ -35,7 +24,7 @@ import KeyholdTestSupport
             stop.store(true, ordering: .relaxed)
         }
         killer.start()
-        Self.threads(16) { t in
+        runThreads(16) { t in
             let v = Vault(socketPath: b.socketPath)
             var n = 0
             while !stop.load(ordering: .relaxed) && n < 2_000 {
@@ -74,7 +63,7 @@ import KeyholdTestSupport
         let b = try BrokerFixture()
         let vault = Vault(socketPath: b.socketPath)
         try vault.add(SecureBytes(copying: Array("v".utf8)), service: "gone", account: "a")
-        Self.threads(8) { i in
+        runThreads(8) { i in
             let fd = connectUnixSocket(b.socketPath)
             guard fd >= 0 else { return }
             var r = Request(.get, item: ItemReference(service: "gone", account: "a"))
