@@ -3,6 +3,7 @@
 // fingerprint tests build on. Return codes are the ones the recipe saw with pamtester.
 import CPAM
 import Foundation
+import Synchronization
 import Glibc
 import KeyholdAuth
 import KeyholdTestSupport
@@ -147,16 +148,26 @@ func fingerprintAuthenticate(user: String, confdir: String, env: FprintEnvironme
         #expect(rc == PAM_SUCCESS, "\(log.messages)")
     }
 
-    @Test func waitUntilFingerNeededSeesAVerify() async throws {
+    @Test func waitUntilFingerNeededSeesAVerify() throws {
         let env = try enrolledEnvironment()
         let dir = try ServiceDir()
-        // The verify runs on its own thread; this one waits for the reader to ask, then scans.
+        // The verify runs on a thread of its own (not a Task: the cooperative pool is as wide as
+        // the cores, and on a loaded 2-core machine other tests' blocking work can keep a task
+        // from starting for longer than the wait); this one waits for the reader to ask, then scans.
         let confdir = dir.path
-        let verify = Task.detached { fingerprintAuthenticate(user: Self.user, confdir: confdir, env: env).rc }
+        let result = Mutex<Int32?>(nil)
+        let done = DispatchSemaphore(value: 0)
+        let verify = Thread {
+            let rc = fingerprintAuthenticate(user: Self.user, confdir: confdir, env: env).rc
+            result.withLock { $0 = rc }
+            done.signal()
+        }
+        verify.start()
         #expect(env.waitUntilFingerNeeded(timeout: 15))
         let touch = try env.scan(print: Self.enrolledPrint)
         #expect(touch.wait())
-        #expect(await verify.value == PAM_SUCCESS)
+        done.wait()
+        #expect(result.withLock { $0 } == PAM_SUCCESS)
     }
 }
 
