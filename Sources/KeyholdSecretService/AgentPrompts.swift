@@ -49,12 +49,15 @@ extension Agent {
                 guard let i = try? item(id) else { continue }
                 // The broker runs the item's policy; the secret it releases is dropped at once:
                 // the unlock is the broker's reuse grant, not a copy held here.
+                // The window is counted from before the broker's grant, so the agent never
+                // calls an item unlocked that the broker would refuse (an IsLocked on read).
+                let asked = AgentState.now()
                 do throws(KeyholdError) {
                     let s = try vault.secret(service: i.service, account: i.account, claimedPID: pid,
                                              reason: "unlock", interaction: AskpassInteraction())
                     s.wipe()
                     let window = Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))
-                    state.unlockedUntil[id] = AgentState.now() + window * 1_000_000
+                    state.unlockedUntil[id] = asked + window * 1_000_000
                     done.append(SecretObject.itemPath(id))
                 } catch {
                     continue

@@ -83,7 +83,10 @@ import KeyholdTestSupport
 
     @Test func reuseWindowHonouredExpiredAndLocked() throws {
         let b = try gatedFixture()
-        #expect(b.cli(["put", "r", "x", "--policy", "device-passcode", "--reuse", "2"], stdin: Array("rv".utf8)).status == 0)
+        // One grant, two windows: "r" reads within its 60 s (which no loaded machine outlasts),
+        // "short" only within 2 s of the same grant, so past 2.5 s it needs a new answer.
+        #expect(b.cli(["put", "r", "x", "--policy", "device-passcode", "--reuse", "60"], stdin: Array("rv".utf8)).status == 0)
+        #expect(b.cli(["put", "short", "x", "--policy", "device-passcode", "--reuse", "2"], stdin: Array("sv".utf8)).status == 0)
         #expect(b.cli(["put", "noreuse", "x", "--policy", "device-passcode"], stdin: Array("nv".utf8)).status == 0)
         let ask = b.askpass(answering: right)
         let r = b.script("""
@@ -92,7 +95,7 @@ import KeyholdTestSupport
             KH state r x
             KH get noreuse x --no-interaction >/dev/null; echo "other-item=$?"
             sleep 2.5
-            KH get r x --no-interaction >/dev/null; echo "expired=$?"
+            KH get short x --no-interaction >/dev/null; echo "expired=$?"
             KEYHOLD_ASKPASS=\(ask) KH get r x >/dev/null; echo "again=$?"
             KH lock; echo "lock=$?"
             KH get r x --no-interaction >/dev/null; echo "after-lock=$?"
