@@ -23,6 +23,9 @@ public final class Broker: Sendable {
     /// Set when a request's rollback check failed: every later request gets it (RollbackWatch.swift).
     let rollbackRefusal = Mutex<String?>(nil)
     private let store: BlockingMutex<VaultStore>
+    /// The store's Argon2id limits, read once: application passwords are derived before the
+    /// store is locked (AppPasswordKey).
+    let passwordHashing: PasswordHashStrength
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
 
@@ -33,6 +36,7 @@ public final class Broker: Sendable {
         self.protection = protection
         self.anchor = anchor
         self.counter = counter
+        self.passwordHashing = store.passwordHashing
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog

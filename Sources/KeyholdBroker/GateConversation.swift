@@ -33,14 +33,15 @@ protocol LockoutStore: Sendable {
     func lockout(uid: UInt32) -> Result<LockoutRecord, StoreError>
     /// Reads the record and, unless `change` returns nil, writes what it returns; the record read.
     func updateLockout(uid: UInt32, _ change: (LockoutRecord) -> LockoutRecord?) -> Result<LockoutRecord, StoreError>
-    func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError>
+    /// Opens the item's secret with the key (derived before, outside any lock) and wipes it.
+    func checkAppPassword(_ item: StoredItem, _ key: AppPasswordKey) -> Result<Void, StoreError>
 }
 
-/// What the gate grants: how the policy was satisfied, and the application password it checked
-/// (the caller needs it to open or re-seal the secret, and wipes it).
+/// What the gate grants: how the policy was satisfied, and the application-password key it
+/// checked (the caller opens or re-seals the secret with it; its bytes are guarded memory).
 struct Authorization {
     var method: AuthMethod
-    var appPassword: SecureBytes?
+    var appPassword: AppPasswordKey?
 
     func wipe() { appPassword?.wipe() }
 }
@@ -57,9 +58,9 @@ extension VaultStore {
         }
     }
 
-    func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError> {
+    func checkAppPassword(_ item: StoredItem, _ key: AppPasswordKey) -> Result<Void, StoreError> {
         do throws(StoreError) {
-            try openSecret(item, appPassword: password).wipe()
+            try openSecret(item, appPassword: key).wipe()
             return .success(())
         } catch {
             return .failure(error)
@@ -80,7 +81,7 @@ extension Broker: LockoutStore {
         if case .failure = result { log("lockout record could not be read or written; authentication refused") }
         return result
     }
-    func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError> {
-        withStore { $0.checkAppPassword(item, password) }
+    func checkAppPassword(_ item: StoredItem, _ key: AppPasswordKey) -> Result<Void, StoreError> {
+        withStore { $0.checkAppPassword(item, key) }
     }
 }

@@ -170,9 +170,10 @@ final class ReleaseGate: Sendable {
     }
 
     /// The item's application password, asked after its policy is satisfied, counted before
-    /// Argon2id checks it, and given back only when it opened the item.
+    /// Argon2id checks it, and given back (as its derived key) only when it opened the item.
+    /// Argon2id runs here, outside the store's lock; only the check holds the store.
     private func appPassword(_ item: StoredItem, caller: Caller, request: Request, via conversation: some Conversation,
-                             store: any LockoutStore) -> Result<SecureBytes, Denial> {
+                             store: any LockoutStore) -> Result<AppPasswordKey, Denial> {
         guard request.allowInteraction else { return .failure(Denial(.interactionNotAllowed)) }
         let password: SecureBytes
         switch conversation.ask(Prompt(style: .echoOff, purpose: .appPassword,
@@ -180,17 +181,26 @@ final class ReleaseGate: Sendable {
         case .answer(let s): password = s
         case .cancel: return .failure(Denial(.userCanceled))
         }
+        defer { password.wipe() }
         let attempt: AuthenticationAttempt
         switch attempts.reserve(uid: caller.uid, store: store, now: clock.microseconds()) {
-        case .failure(let d): password.wipe(); return .failure(d)
+        case .failure(let d): return .failure(d)
         case .success(let a): attempt = a
         }
-        switch store.checkAppPassword(item, password) {
+        let key: AppPasswordKey
+        do throws(StoreError) {
+            key = try AppPasswordKey.opening(item, password: password)
+        } catch {
+            // An empty or oversized answer is a wrong password (the reserved attempt counts it).
+            return .failure(error == .tooLarge || error == .invalidItem
+                ? Denial(.authenticationFailed, "wrong application password") : Denial(error.outcome))
+        }
+        switch store.checkAppPassword(item, key) {
         case .success:
-            guard attempt.succeeded() else { password.wipe(); return .failure(AuthenticationLedger.unrecorded) }
-            return .success(password)
+            guard attempt.succeeded() else { key.wipe(); return .failure(AuthenticationLedger.unrecorded) }
+            return .success(key)
         case .failure(let error):
-            password.wipe()
+            key.wipe()
             if error == .appPasswordWrong || error == .appPasswordRequired {
                 return .failure(Denial(.authenticationFailed, "wrong application password"))
             }

@@ -32,7 +32,7 @@ extension Session {
     /// Opens the secret and commits its release entry; nothing is returned before that entry is
     /// in. The one release path of `get` and `rotate`.
     func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
-                         appPassword: SecureBytes?) -> Result<SecureBytes, Denial> {
+                         appPassword: AppPasswordKey?) -> Result<SecureBytes, Denial> {
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
             let secret = try store.openSecret(item, appPassword: appPassword)
@@ -124,14 +124,24 @@ extension Session {
             }
             biometryState = digest.bytes
         }
+        // Argon2id for a new application password runs here, before the store is locked.
+        var sealingKey: AppPasswordKey?
+        if let password = request.appPassword {
+            do throws(StoreError) {
+                sealingKey = try AppPasswordKey.sealing(password: password, strength: broker.passwordHashing)
+            } catch {
+                return deny(request, op, item: existing, Denial(error.outcome))
+            }
+        }
+        defer { sealingKey?.wipe() }
         let newItem = NewItem(service: ref.service, account: ref.account, label: request.label ?? "", kind: request.kind,
                               access: access, biometryState: biometryState, expires: request.expires)
         let audit = event(request, op, item: existing, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(audit) { (store) throws(StoreError) -> StoredItem in
             if let existing {
-                return try store.replace(existing, with: newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+                return try store.replace(existing, with: newItem, secret: secret, appPassword: sealingKey, audit: audit)
             }
-            return try store.add(owner: caller.uid, newItem, secret: secret, appPassword: request.appPassword, audit: audit)
+            return try store.add(owner: caller.uid, newItem, secret: secret, appPassword: sealingKey, audit: audit)
         }.mapError { Denial($0.outcome) }
         switch result {
         case .success: return Response(.ok)

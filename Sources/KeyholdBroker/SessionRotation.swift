@@ -96,7 +96,7 @@ extension Session {
     /// The expiry is the new secret's (`rotate --expires`), none if not given: the old one
     /// described the secret being replaced.
     private func commit(_ item: StoredItem, _ secret: SecureBytes, expires: Int64?, _ request: Request, method: AuthMethod,
-                        appPassword: SecureBytes?) -> Response {
+                        appPassword: AppPasswordKey?) -> Response {
         let newItem = NewItem(service: item.service, account: item.account, label: item.label, kind: item.kind,
                               access: item.access, biometryState: item.biometryState, expires: expires)
         let audit = event(request, .update, item: item, decision: .granted, method: method, outcome: .ok).record()

@@ -58,8 +58,8 @@ import KeyholdTestSupport
         func updateLockout(uid: UInt32, _ change: (LockoutRecord) -> LockoutRecord?) -> Result<LockoutRecord, StoreError> {
             hold { $0.updateLockoutRecord(uid: uid, change) }
         }
-        func checkAppPassword(_ item: StoredItem, _ password: SecureBytes) -> Result<Void, StoreError> {
-            hold { $0.checkAppPassword(item, password) }
+        func checkAppPassword(_ item: StoredItem, _ key: AppPasswordKey) -> Result<Void, StoreError> {
+            hold { $0.checkAppPassword(item, key) }
         }
         func failures(_ uid: UInt32 = uid) throws -> UInt32 { try store.withLock { try $0.lockout(uid: uid) }.failures }
         func sql(_ text: String) throws {
@@ -75,7 +75,8 @@ import KeyholdTestSupport
             return try store.withLock {
                 try $0.add(owner: uid, NewItem(service: service, account: "acct", access: access),
                            secret: SecureBytes(copying: Array("the secret".utf8)),
-                           appPassword: appPassword.map { SecureBytes(copying: Array($0.utf8)) }, audit: record)
+                           appPassword: try appPassword.map { try AppPasswordKey.sealing(password: SecureBytes(copying: Array($0.utf8)), strength: .interactive) },
+                           audit: record)
             }
         }
     }
@@ -304,15 +305,20 @@ import KeyholdTestSupport
             Issue.record("right app password refused"); return
         }
         #expect(granted.method.factors == [.appPassword])
-        #expect(granted.appPassword.map { Array($0.withUnsafeBytes { Array($0) }) } == Array("open sesame".utf8))
+        // What is granted is the derived key, and it opens the item.
+        let opened = vault.hold { try? $0.openSecret(item, appPassword: granted.appPassword) }
+        #expect(opened.map { Array($0.withUnsafeBytes { Array($0) }) } == Array("the secret".utf8))
         granted.wipe()
         #expect(right.prompts == [.appPassword])
         let wrong = Script(answers: ["guess"])
         #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: wrong, store: vault)) == .authenticationFailed)
         #expect(try vault.failures() == 1)  // a wrong app password is a counted guess
+        let empty = Script(answers: [""])  // no Argon2id input at all: still a counted wrong guess
+        #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: empty, store: vault)) == .authenticationFailed)
+        #expect(try vault.failures() == 2)
         let missing = Script(answers: [nil])
         #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: missing, store: vault)) == .userCanceled)
-        #expect(try vault.failures() == 1)
+        #expect(try vault.failures() == 2)
         let quiet = Script(answers: ["open sesame"])
         #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: quiet, store: vault)) == .interactionNotAllowed)
         #expect(quiet.prompts.isEmpty)

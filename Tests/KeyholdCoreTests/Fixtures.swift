@@ -23,6 +23,16 @@ final class TempDir {
 
 func secret(_ text: String) -> SecureBytes { SecureBytes(copying: Array(text.utf8)) }
 
+/// An application password derived for sealing (fresh salt, the tests' cheap Argon2id limits).
+func sealingKey(_ password: String) throws -> AppPasswordKey {
+    try AppPasswordKey.sealing(password: secret(password), strength: .interactive)
+}
+
+/// An application password derived for opening `item` (its stored salt and limits).
+func openingKey(_ item: StoredItem, _ password: String) throws -> AppPasswordKey {
+    try AppPasswordKey.opening(item, password: secret(password))
+}
+
 func string(_ bytes: SecureBytes) -> String { bytes.withUnsafeBytes { String(decoding: $0, as: UTF8.self) } }
 
 func record(_ op: AuditOperation = .put, uid: UInt32 = 1000, service: String? = nil, account: String? = nil,

@@ -220,7 +220,7 @@ import Testing
                                   secret: secret(secretText), audit: record(service: service, account: account, reason: reason))
         let access = AccessControl(policy: try Policy(parsing: "app-password"))
         _ = try store.add(owner: 1000, NewItem(service: service + "2", account: account, label: label, access: access),
-                          secret: secret(secretText), appPassword: secret(appPassword),
+                          secret: secret(secretText), appPassword: try sealingKey(appPassword),
                           audit: record(service: service + "2", account: account, reason: reason))
         try store.append(record(.get, service: service, account: account, reason: reason))
         _ = try store.replace(plain, with: NewItem(service: service, account: account, label: label), secret: secret(secretText + "b"),

@@ -72,7 +72,7 @@ import Testing
                           secret: secret("x"), audit: record())
         }
         #expect(throws: StoreError.invalidItem) {
-            try store.add(owner: 1, NewItem(service: "s", account: "p"), secret: secret("x"), appPassword: secret("pw"), audit: record())
+            try store.add(owner: 1, NewItem(service: "s", account: "p"), secret: secret("x"), appPassword: try sealingKey("pw"), audit: record())
         }
         // Names with NULs, quotes and non-ASCII round-trip exactly.
         let odd = NewItem(service: "s'; DROP TABLE items; --\u{0}", account: "ü\u{1F511}")
@@ -134,13 +134,17 @@ import Testing
         let access = AccessControl(policy: try Policy(parsing: "device-passcode+app-password"))
         let item = NewItem(service: "bank", account: "me", access: access)
         #expect(throws: StoreError.appPasswordRequired) { try store.add(owner: 1, item, secret: secret("x"), audit: record()) }
-        #expect(throws: StoreError.invalidItem) { try store.add(owner: 1, item, secret: secret("x"), appPassword: secret(""), audit: record()) }
-        let added = try store.add(owner: 1, item, secret: secret("vault-secret"), appPassword: secret("open sesame"), audit: record())
+        #expect(throws: StoreError.invalidItem) { try sealingKey("") }
+        #expect(throws: StoreError.tooLarge) { try sealingKey(String(repeating: "p", count: Limits.maxTextBytes + 1)) }
+        let added = try store.add(owner: 1, item, secret: secret("vault-secret"), appPassword: try sealingKey("open sesame"), audit: record())
         #expect(added.passwordHashing != nil)
         let got = try #require(try store.item(owner: 1, service: "bank", account: "me"))
         #expect(throws: StoreError.appPasswordRequired) { try store.openSecret(got) }
-        #expect(throws: StoreError.appPasswordWrong) { try store.openSecret(got, appPassword: secret("open sesamE")) }
-        #expect(string(try store.openSecret(got, appPassword: secret("open sesame"))) == "vault-secret")
+        #expect(throws: StoreError.appPasswordWrong) { try store.openSecret(got, appPassword: try openingKey(got, "open sesamE")) }
+        #expect(string(try store.openSecret(got, appPassword: try openingKey(got, "open sesame"))) == "vault-secret")
+        // A key made for other parameters (another salt: the item was sealed again since) is
+        // neither right nor wrong: the caller asks again.
+        #expect(throws: StoreError.conflict) { try store.openSecret(got, appPassword: try sealingKey("open sesame")) }
         #expect(StoreError.appPasswordWrong.outcome == .authenticationFailed)
     }
 

@@ -120,7 +120,7 @@ extension VaultStore {
     }
 
     /// Rejects what the store will not keep, before any work is done.
-    func validate(_ item: NewItem, secret: SecureBytes, appPassword: SecureBytes?) throws(StoreError) {
+    func validate(_ item: NewItem, secret: SecureBytes, appPassword: AppPasswordKey?) throws(StoreError) {
         // An empty secret is accepted: a token may legitimately be empty, and refusing it would
         // force callers to invent a placeholder. The box still authenticates it.
         guard secret.count <= Limits.maxSecretBytes else { throw .tooLarge }
@@ -134,9 +134,7 @@ extension VaultStore {
               !item.access.policy.bindsBiometrySet || item.biometryState != nil
         else { throw .invalidItem }
         if item.access.policy.requiresAppPassword {
-            guard let appPassword else { throw .appPasswordRequired }
-            guard appPassword.count <= Limits.maxTextBytes else { throw .tooLarge }
-            guard appPassword.count > 0 else { throw .invalidItem }
+            guard appPassword != nil else { throw .appPasswordRequired }  // its shape: AppPasswordKey
         } else if appPassword != nil {
             throw .invalidItem  // a password the policy would never ask for protects nothing
         }
@@ -152,8 +150,8 @@ extension VaultStore {
     }
 
     func seal(id: ItemID, owner: UInt32, generation: UInt64, _ item: NewItem, secret: SecureBytes,
-                      appPassword: SecureBytes?) throws(StoreError) -> SealedColumns {
-        let params = item.access.policy.requiresAppPassword ? PasswordHashParameters.generate(passwordHashing) : nil
+                      appPassword: AppPasswordKey?) throws(StoreError) -> SealedColumns {
+        let params = item.access.policy.requiresAppPassword ? appPassword?.parameters : nil
         let ad = AssociatedData(itemID: id, owner: owner, service: item.service, account: item.account, kind: item.kind,
                                 access: item.access, biometryState: item.biometryState, passwordHashing: params,
                                 generation: generation, expires: item.expires)
@@ -165,10 +163,8 @@ extension VaultStore {
         let itemKey = ItemKey.generate()
         let secretBox = SealedBox.seal(secret, using: itemKey, authenticating: ad.encoded(for: .secret))
         let wrapped: SealedBox
-        if let params, let appPassword {
-            let passwordKey: PasswordKey
-            do { passwordKey = try PasswordKey.derive(password: appPassword, parameters: params) } catch { throw .io(code: ENOMEM) }
-            let inner = SealedBox.seal(itemKey.keyBytes.bytes, using: passwordKey, authenticating: ad.encoded(for: .passwordWrappedKey))
+        if params != nil, let appPassword {
+            let inner = SealedBox.seal(itemKey.keyBytes.bytes, using: appPassword.key, authenticating: ad.encoded(for: .passwordWrappedKey))
             wrapped = SealedBox.seal(inner.combined, using: wrappingKey, authenticating: ad.encoded(for: .wrappedKey))
         } else {
             wrapped = SealedBox.seal(itemKey.keyBytes.bytes, using: wrappingKey, authenticating: ad.encoded(for: .wrappedKey))

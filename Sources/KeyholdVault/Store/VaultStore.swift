@@ -16,7 +16,8 @@ public final class VaultStore {
     let generationKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
-    let passwordHashing: PasswordHashStrength
+    /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
+    public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
     /// Parsed policy texts and executable lists, so listing many items parses each distinct
     /// value once. Bounded; only values that parsed are kept.
@@ -257,7 +258,7 @@ public final class VaultStore {
     /// Adds an item of `owner` at generation 1; `.duplicate` if one with the same names
     /// exists. `audit` is written in the same transaction; its item id is filled in when nil.
     @discardableResult
-    public func add(owner: UInt32, _ item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
+    public func add(owner: UInt32, _ item: NewItem, secret: SecureBytes, appPassword: AppPasswordKey? = nil,
                     audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
         try checkAuditSize(audit)
@@ -318,7 +319,7 @@ public final class VaultStore {
     /// under a fresh item key, at the next generation. `.notFound` if it is gone, `.conflict`
     /// if it changed since `existing` was read, `.duplicate` if renamed onto another.
     @discardableResult
-    public func replace(_ existing: StoredItem, with item: NewItem, secret: SecureBytes, appPassword: SecureBytes? = nil,
+    public func replace(_ existing: StoredItem, with item: NewItem, secret: SecureBytes, appPassword: AppPasswordKey? = nil,
                         audit: AuditRecord) throws(StoreError) -> StoredItem {
         try validate(item, secret: secret, appPassword: appPassword)
         try checkAuditSize(audit)
@@ -445,8 +446,9 @@ public final class VaultStore {
     /// Opens the item's secret into guarded memory. The row is read again, so a deleted item
     /// is `.notFound` and a replaced one opens its current secret. `.integrity` if any box
     /// fails under the vault key or the row is not the item's current generation;
-    /// `.appPasswordRequired` / `.appPasswordWrong` for app-password items.
-    public func openSecret(_ item: StoredItem, appPassword: SecureBytes? = nil) throws(StoreError) -> SecureBytes {
+    /// `.appPasswordRequired` / `.appPasswordWrong` for app-password items, `.conflict` when
+    /// the application-password key was made for parameters the item no longer has.
+    public func openSecret(_ item: StoredItem, appPassword: AppPasswordKey? = nil) throws(StoreError) -> SecureBytes {
         let fetched: (ItemRow, [UInt8], [UInt8])?
         do {
             fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
@@ -467,13 +469,14 @@ public final class VaultStore {
         let itemKeyBytes: SecureBytes
         if let params = current.passwordHashing {
             guard let appPassword else { throw .appPasswordRequired }
+            // Made for other parameters: the item was sealed again since (another password or
+            // salt), so this key cannot be judged right or wrong. Ask again.
+            guard appPassword.parameters == params else { throw .conflict }
             // The outer box authenticated these bytes, so a failure below is the password's.
             let inner: SealedBox
             do { inner = try SealedBox(combined: unwrapped.withUnsafeBytes { Array($0) }) } catch { throw .integrity }
-            let passwordKey: PasswordKey
-            do { passwordKey = try PasswordKey.derive(password: appPassword, parameters: params) } catch { throw .integrity }
             do {
-                itemKeyBytes = try inner.open(using: passwordKey, authenticating: ad.encoded(for: .passwordWrappedKey))
+                itemKeyBytes = try inner.open(using: appPassword.key, authenticating: ad.encoded(for: .passwordWrappedKey))
             } catch { throw .appPasswordWrong }
         } else {
             itemKeyBytes = unwrapped
