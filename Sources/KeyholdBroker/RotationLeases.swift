@@ -60,16 +60,9 @@ final class RotationLeases: Sendable {
 
     /// Sleeps a little (holders commit in milliseconds), watching the client's socket.
     private static func pause(_ fd: Int32, until deadline: Int64) -> Pause {
-        let left = deadline - monotonicMilliseconds()
+        let left = deadline - MonotonicClock.milliseconds()
         if left <= 0 { return .elapsed }
         var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         return poll(&pfd, 1, Int32(min(left, 5))) > 0 ? .callerLeft : .again
     }
-}
-
-/// Monotonic time for deadlines (the wall clock may jump).
-func monotonicMilliseconds() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Int64(ts.tv_sec) * 1000 + Int64(ts.tv_nsec) / 1_000_000
 }

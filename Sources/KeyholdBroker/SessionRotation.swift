@@ -30,7 +30,7 @@ extension Session {
         let method = granted.method, appPassword = granted.appPassword
 
         let token: UInt64
-        switch broker.leases.acquire(item.id, deadline: monotonicMilliseconds() + seconds, clientFD: fd) {
+        switch broker.leases.acquire(item.id, deadline: MonotonicClock.milliseconds() + seconds, clientFD: fd) {
         case .acquired(let t, _): token = t
         case .timedOut: return deny(request, .get, item: item, Denial(.conflict, "another rotation of this item did not finish in time"))
         case .callerLeft: return deny(request, .get, item: item, Denial(.userCanceled))
@@ -38,7 +38,7 @@ extension Session {
         defer { broker.leases.release(item.id, token: token) }
         // The lease's lifetime, plus a little so the client's own timeout (which kills its
         // command and cancels) is the one that normally ends it.
-        let deadline = monotonicMilliseconds() + seconds + 5_000
+        let deadline = MonotonicClock.milliseconds() + seconds + 5_000
 
         // What was authorised is the item as first read; under the lease, read it again.
         let current: StoredItem
@@ -75,7 +75,7 @@ extension Session {
     /// The client's new secret, or nil: a cancel, anything else, a closed socket, the deadline,
     /// or a frame some other user's process wrote into the connection.
     private func awaitRotated(deadline: Int64) -> (SecureBytes, Int64?)? {
-        let left = Int(deadline - monotonicMilliseconds())
+        let left = Int(deadline - MonotonicClock.milliseconds())
         guard left > 0 else { return nil }
         var reader = TimedFrameReader(fd: fd)
         do throws(FrameError) {
@@ -122,7 +122,7 @@ extension Session {
             return existing.generation == g ? .success(existing) : .failure(Denial(.conflict, "the item is at generation \(existing.generation)"))
         }
         guard broker.leases.isHeld(existing.id) else { return .success(existing) }
-        let deadline = monotonicMilliseconds() + Int64(Limits.maxRotationSeconds) * 1000
+        let deadline = MonotonicClock.milliseconds() + Int64(Limits.maxRotationSeconds) * 1000
         guard broker.leases.waitUntilFree(existing.id, deadline: deadline, clientFD: fd) else {
             return .failure(Denial(.conflict, "a rotation of this item did not finish"))
         }

@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// UTC times as ISO 8601 with microseconds, and the forms `--since`/`--until` accept.
 public enum Time {
@@ -15,11 +16,7 @@ public enum Time {
     /// `2026-12-02T10:00:00Z` (fraction allowed), `2026-12-02` (midnight UTC), `@EPOCH`
     /// seconds, or `now`. Returns µs since the epoch.
     public static func parse(_ text: String) -> Int64? {
-        if text == "now" {
-            var ts = timespec()
-            clock_gettime(CLOCK_REALTIME, &ts)
-            return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-        }
+        if text == "now" { return currentMicroseconds() }
         if text.hasPrefix("@") { return Int64(text.dropFirst()).map { $0 * 1_000_000 } }
         let chars = Array(text.utf8)
         func num(_ from: Int, _ len: Int) -> Int32? {

@@ -41,10 +41,8 @@ final class BrokerConnection {
 
     /// Sleeps a little (growing, with jitter) and opens a new connection; false once the retry
     /// time is used up.
-    private func reconnect(attempt: Int, started: timespec) -> Bool {
-        var now = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &now)
-        let elapsed = Double(now.tv_sec - started.tv_sec) + Double(now.tv_nsec - started.tv_nsec) / 1e9
+    private func reconnect(attempt: Int, started: UInt64) -> Bool {
+        let elapsed = Double(MonotonicClock.nanoseconds() - started) / 1e9
         guard elapsed < Self.busyRetrySeconds else { return false }
         let base = min(10_000 << min(attempt, 5), 250_000)
         usleep(UInt32(base / 2 + Int.random(in: 0...base)))
@@ -83,8 +81,7 @@ final class BrokerConnection {
                  onAudit: ([AuditEntryInfo]) -> Bool = { _ in true },
                  onExportHeader: (AuditExportHeader) -> Void = { _ in },
                  onRotation: (SecureBytes, UInt64) -> ClientMessage = { _, _ in .cancel }) throws(KeyholdError) -> Response {
-        var started = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &started)
+        let started = MonotonicClock.nanoseconds()
         var attempt = 0
         while true {
             let r = try performOnce(request, interaction: interaction, onItems: onItems, onAudit: onAudit,

@@ -49,18 +49,14 @@ public enum CredentialMapping {
     }
 
     /// The stored secret for a git credential.
-    public static func gitSecret(password: SecureBytes, refreshToken: SecureBytes?, expiry: Int64? = nil) -> SecureBytes {
-        guard refreshToken != nil || expiry != nil else { return password.withUnsafeBytes { SecureBytes(copying: $0) } }
+    public static func gitSecret(password: SecureBytes, refreshToken: SecureBytes?) -> SecureBytes {
+        guard let refreshToken else { return password.withUnsafeBytes { SecureBytes(copying: $0) } }
         let w = SecureWriter()
         w.append(String(decoding: gitBlobMagic, as: UTF8.self) + "password=")
         w.append(password)
+        w.append("\noauth_refresh_token=")
+        w.append(refreshToken)
         w.append("\n")
-        if let expiry { w.append("password_expiry_utc=\(expiry)\n") }
-        if let refreshToken {
-            w.append("oauth_refresh_token=")
-            w.append(refreshToken)
-            w.append("\n")
-        }
         return w.finish()
     }
 

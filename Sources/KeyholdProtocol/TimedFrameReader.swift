@@ -68,9 +68,5 @@ public struct TimedFrameReader {
         return done
     }
 
-    static func nowMilliseconds() -> Int {
-        var t = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &t)
-        return t.tv_sec * 1000 + t.tv_nsec / 1_000_000
-    }
+    static func nowMilliseconds() -> Int { Int(MonotonicClock.milliseconds()) }
 }

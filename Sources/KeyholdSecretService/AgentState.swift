@@ -72,11 +72,7 @@ final class AgentState {
         prompts = prompts.filter { $0.value.owner != client }
     }
 
-    static func now() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-    }
+    static func now() -> Int64 { MonotonicClock.microseconds() }
 
     func isLocked(_ item: ItemInfo) -> Bool {
         guard item.policy != Policy.none.description else { return false }

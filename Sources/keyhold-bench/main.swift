@@ -23,11 +23,7 @@ let auditEntries = option("--audit-entries", 1_000_000)
 let bin = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? args[0])
     .deletingLastPathComponent().path
 
-func now() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-}
+func now() -> Double { Double(MonotonicClock.nanoseconds()) / 1e9 }
 
 func percentile(_ xs: [Double], _ p: Double) -> Double {
     let s = xs.sorted()

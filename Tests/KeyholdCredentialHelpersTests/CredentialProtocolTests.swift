@@ -98,7 +98,9 @@ import KeyholdCore
         let blob = CredentialMapping.gitSecret(password: bytes("pw"), refreshToken: bytes("rt=1"))
         let both = CredentialMapping.gitCredential(fromSecret: blob)
         #expect(text(both.password) == "pw" && text(both.refreshToken) == "rt=1" && both.expiry == nil)
-        let expiring = CredentialMapping.gitCredential(fromSecret: CredentialMapping.gitSecret(password: bytes("pw"), refreshToken: nil, expiry: 9))
+        // A blob from before items had an expiry kept it in a line of its own: still read.
+        let legacy = CredentialMapping.gitBlobMagic + Array("password=pw\npassword_expiry_utc=9\n".utf8)
+        let expiring = CredentialMapping.gitCredential(fromSecret: SecureBytes(copying: legacy))
         #expect(text(expiring.password) == "pw" && expiring.refreshToken == nil && expiring.expiry == 9)
         #expect(CredentialMapping.gitService(protocolName: "https", host: "h:1", path: "r.git") == "git:https://h:1/r.git")
         #expect(CredentialMapping.expiry(fromLabel: CredentialMapping.gitLabel(expiry: 42)) == 42)

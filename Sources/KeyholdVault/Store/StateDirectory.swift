@@ -107,9 +107,3 @@ enum StateDirectory {
     }
 }
 
-/// Wall-clock time in microseconds since the epoch (UTC).
-public func currentMicroseconds() -> Int64 {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Int64(ts.tv_sec) * 1_000_000 + Int64(ts.tv_nsec) / 1000
-}
