@@ -48,27 +48,5 @@ import Glibc
 
 /// git with an explicit environment; output discarded. Its exit status.
 func spawnGit(_ arguments: [String], env: [String], stdin: [UInt8]) -> Int32 {
-    var fds: [Int32] = [0, 0]
-    precondition(pipe(&fds) == 0)
-    let devnull = open("/dev/null", O_WRONLY | O_CLOEXEC)
-    var actions = posix_spawn_file_actions_t()
-    posix_spawn_file_actions_init(&actions)
-    posix_spawn_file_actions_adddup2(&actions, fds[0], 0)
-    posix_spawn_file_actions_adddup2(&actions, devnull, 1)
-    posix_spawn_file_actions_adddup2(&actions, devnull, 2)
-    posix_spawn_file_actions_addclose(&actions, fds[1])
-    let argv = (["/usr/bin/git"] + arguments).map { strdup($0) } + [nil]
-    let envp = env.map { strdup($0) } + [nil]
-    var pid: pid_t = 0
-    let rc = posix_spawn(&pid, "/usr/bin/git", &actions, nil, argv, envp)
-    posix_spawn_file_actions_destroy(&actions)
-    argv.forEach { free($0) }
-    envp.forEach { free($0) }
-    close(fds[0]); close(devnull)
-    guard rc == 0 else { close(fds[1]); return -1 }
-    _ = stdin.withUnsafeBytes { write(fds[1], $0.baseAddress, $0.count) }
-    close(fds[1])
-    var status: Int32 = 0
-    waitpid(pid, &status, 0)
-    return (status >> 8) & 0xff
+    (run("/usr/bin/git", arguments, stdin: stdin, environment: env) >> 8) & 0xff
 }

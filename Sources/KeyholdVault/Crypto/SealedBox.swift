@@ -70,22 +70,8 @@ public struct SealedBox: Sendable, Equatable {
     /// Opens the box into guarded memory; `.authenticationFailed` for any wrong key, wrong
     /// associated data or altered byte.
     public func open(using key: some SealingKey, authenticating associatedData: [UInt8]) throws(CryptoError) -> SecureBytes {
-        Sodium.ready()
         let plain = SecureBytes(count: combined.count - Self.overhead)
-        var mlen: UInt64 = 0
-        let rc = plain.withUnsafeMutableBytes { p in
-            combined.withUnsafeBufferPointer { c in
-                associatedData.withUnsafeBufferPointer { ad in
-                    key.keyBytes.bytes.withUnsafeBytes { k in
-                        crypto_aead_xchacha20poly1305_ietf_decrypt(
-                            p.baseAddress!.assumingMemoryBound(to: UInt8.self), &mlen, nil,
-                            c.baseAddress! + Nonce.byteCount, UInt64(c.count - Nonce.byteCount),
-                            ad.baseAddress, UInt64(ad.count), c.baseAddress!,
-                            k.baseAddress!.assumingMemoryBound(to: UInt8.self))
-                    }
-                }
-            }
-        }
+        let rc = plain.withUnsafeMutableBytes { decrypt(into: $0.baseAddress?.assumingMemoryBound(to: UInt8.self), key, associatedData) }
         guard rc == 0 else { throw .authenticationFailed }
         return plain
     }
@@ -94,24 +80,28 @@ public struct SealedBox: Sendable, Equatable {
     /// array. Guarded memory costs several system calls per allocation, which a listing of
     /// 100,000 items cannot afford; secrets and keys always go through `open`.
     func openAttributes(using key: some SealingKey, authenticating associatedData: [UInt8]) throws(CryptoError) -> [UInt8] {
-        Sodium.ready()
         var plain = [UInt8](repeating: 0, count: combined.count - Self.overhead)
+        let rc = plain.withUnsafeMutableBufferPointer { decrypt(into: $0.baseAddress, key, associatedData) }
+        guard rc == 0 else { throw .authenticationFailed }
+        return plain
+    }
+
+    /// XChaCha20-Poly1305 open of `combined` (nonce ‖ ciphertext ‖ tag) into `plain`, which
+    /// holds `combined.count - overhead` bytes. libsodium's result: 0 when authentic.
+    private func decrypt(into plain: UnsafeMutablePointer<UInt8>?, _ key: some SealingKey, _ associatedData: [UInt8]) -> Int32 {
+        Sodium.ready()
         var mlen: UInt64 = 0
-        let rc = plain.withUnsafeMutableBufferPointer { p in
-            combined.withUnsafeBufferPointer { c in
-                associatedData.withUnsafeBufferPointer { ad in
-                    key.keyBytes.bytes.withUnsafeBytes { k in
-                        crypto_aead_xchacha20poly1305_ietf_decrypt(
-                            p.baseAddress, &mlen, nil,
-                            c.baseAddress! + Nonce.byteCount, UInt64(c.count - Nonce.byteCount),
-                            ad.baseAddress, UInt64(ad.count), c.baseAddress!,
-                            k.baseAddress!.assumingMemoryBound(to: UInt8.self))
-                    }
+        return combined.withUnsafeBufferPointer { c in
+            associatedData.withUnsafeBufferPointer { ad in
+                key.keyBytes.bytes.withUnsafeBytes { k in
+                    crypto_aead_xchacha20poly1305_ietf_decrypt(
+                        plain, &mlen, nil,
+                        c.baseAddress! + Nonce.byteCount, UInt64(c.count - Nonce.byteCount),
+                        ad.baseAddress, UInt64(ad.count), c.baseAddress!,
+                        k.baseAddress!.assumingMemoryBound(to: UInt8.self))
                 }
             }
         }
-        guard rc == 0 else { throw .authenticationFailed }
-        return plain
     }
 
     private init(unchecked: [UInt8]) { self.combined = unchecked }
