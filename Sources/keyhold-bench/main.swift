@@ -201,19 +201,28 @@ broker.waitUntilExit()
 if auditEntries > 0 {
     let auditDir = dir + "/audit"
     let store = try! VaultStore.open(stateDirectory: auditDir)
-    var appendTimes: [Double] = []
-    appendTimes.reserveCapacity(auditEntries)
-    let t0 = now()
-    for i in 0..<auditEntries {
-        let r = AuditRecord(callerUID: 0, callerPID: 1, executable: "/usr/bin/bench", operation: .get, itemID: nil,
-                            service: "bench.example", account: "user-\(i)", decision: .granted, method: .none,
-                            reason: nil, outcome: .ok)
-        let a = now()
-        try! store.append(r)
-        if i % 100 == 0 { appendTimes.append(now() - a) }
+    func entry(_ i: Int) -> AuditRecord {
+        AuditRecord(callerUID: 0, callerPID: 1, executable: "/usr/bin/bench", operation: .get, itemID: nil,
+                    service: "bench.example", account: "user-\(i)", decision: .granted, method: .none,
+                    reason: nil, outcome: .ok)
     }
-    let total = now() - t0
-    report("audit append (store, committed), p50 / p99", "\(ms(percentile(appendTimes, 0.5))) / \(ms(percentile(appendTimes, 0.99)))", String(format: "%d entries in %.1f s", auditEntries, total))
+    // The append cost: each entry its own fsynced commit, as a lone caller's is.
+    let timed = min(auditEntries, 5_000)
+    var appendTimes: [Double] = []
+    appendTimes.reserveCapacity(timed)
+    for i in 0..<timed {
+        let a = now()
+        try! store.append(entry(i))
+        appendTimes.append(now() - a)
+    }
+    report("audit append (store, committed), p50 / p99", "\(ms(percentile(appendTimes, 0.5))) / \(ms(percentile(appendTimes, 0.99)))", "\(timed) entries, one commit each")
+    // The rest is seeded 10,000 entries per commit (the chain is the same; only fsyncs are saved).
+    var next = timed
+    while next < auditEntries {
+        let upTo = min(auditEntries, next + 10_000)
+        precondition(store.groupTransaction { for i in next..<upTo { try! store.memberTransaction { () throws(StoreError) in try store.append(entry(i)) } } })
+        next = upTo
+    }
     let v0 = now()
     let verification = try! store.verifyAudit()
     let vt = now() - v0
