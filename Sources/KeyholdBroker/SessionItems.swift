@@ -306,7 +306,8 @@ extension Session {
         case .noneEnrolled: break
         case .enrolled(let fingers, _): r.fingers = fingers
         }
-        r.reader = BiometryStore.readerDescription()
+        // The reader's name is not asked here: the root broker keeps no D-Bus client (the CLI
+        // asks fprintd itself, as the user).
         let bound: Int = broker.withStore { store in
             ((try? store.items(owner: caller.uid))?.items ?? []).filter { $0.access.policy.bindsBiometrySet }.count
         }
