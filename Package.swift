@@ -8,6 +8,7 @@ let package = Package(
     name: "Keyhold",
     products: [
         .executable(name: "keyholdd", targets: ["keyholdd"]),
+        .executable(name: "keyhold-pam-helper", targets: ["keyhold-pam-helper"]),
         .executable(name: "keyhold", targets: ["keyhold"]),
         .library(name: "KeyholdClient", targets: ["KeyholdClient"]),
         .executable(name: "git-credential-keyhold", targets: ["git-credential-keyhold"]),
@@ -66,7 +67,9 @@ let package = Package(
         .target(name: "KeyholdSecretService", dependencies: ["KeyholdClient", "KeyholdCLI", "KeyholdCore", "CSystemd", "CKeyholdSS"]),
         .executableTarget(name: "keyhold-secret-service", dependencies: ["KeyholdSecretService"]),
 
-        .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker", "KeyholdAuth"]),
+        .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker"]),
+        // One PAM transaction per process, started by keyholdd: libpam and the model only.
+        .executableTarget(name: "keyhold-pam-helper", dependencies: ["KeyholdAuth"]),
         // Linked fully static (Swift runtime, libsodium, libc): the CLI runs once per `get`, and the
         // dynamic loader was a third of its start-up. See scripts/bench.sh for the measurement.
         .executableTarget(name: "keyhold", dependencies: ["KeyholdCLI"],
@@ -80,17 +83,17 @@ let package = Package(
         .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit, the release gate), against a real SQLite
-        // vault; the gate through real libpam with the keyholdd PAM helper.
-        .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
+        // vault; the gate through real libpam with keyhold-pam-helper.
+        .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         // Against Debian's swtpm, started by the tests.
         .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
         // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
         .testTarget(name: "KeyholdSecretServiceTests",
                     dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",
-                                   "keyholdd", "keyhold-secret-service"]),
+                                   "keyholdd", "keyhold-pam-helper", "keyhold-secret-service"]),
         // Real broker over its real socket, driven through the client library and the CLI.
-        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd"]),
+        .testTarget(name: "KeyholdIntegrationTests", dependencies: ["KeyholdClient", "KeyholdProtocol", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
     ]
 )

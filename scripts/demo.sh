@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 swift build -c release --product keyhold >/dev/null
 swift build -c release --product keyholdd >/dev/null
+swift build -c release --product keyhold-pam-helper >/dev/null
 if [ -t 0 ] && [ -z "${CI:-}" ]; then
   exec .build/release/keyhold demo "$@"
 else

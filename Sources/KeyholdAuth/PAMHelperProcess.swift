@@ -3,7 +3,8 @@ import CPAM
 import Glibc
 import KeyholdCore
 
-/// The short-lived process that runs exactly one PAM transaction (`keyholdd --pam-helper`).
+/// The short-lived process that runs exactly one PAM transaction (`keyhold-pam-helper
+/// --pam-helper BROKER-PID`, its own executable beside keyholdd).
 ///
 /// Why a process: PAM modules are third-party code that may block (pam_fprintd waits for a
 /// finger and ignores the conversation's return), crash, or leak. The broker spawns one helper

@@ -22,10 +22,12 @@ public enum BrokerMain {
             }
         }
         harden()
-        // The PAM helper is this same binary, by absolute path (re-executed as --pam-helper).
+        // The broker's own path names it in its audit entries; the PAM helper lies beside it.
         guard let helper = CallerFacts.read(pid: getpid())?.executable, helper.hasPrefix("/") else {
             fail("cannot resolve /proc/self/exe")
         }
+        let pamHelper = String(helper[..<helper.lastIndex(of: "/")!]) + "/keyhold-pam-helper"
+        if let why = Self.unsafeToRun(pamHelper) { fail("\(pamHelper): \(why)") }
         if let target = options.migrateKeyProtector {
             do throws(StoreError) {
                 print(try KeyProtectorMigration.run(to: target, options: options, executable: helper))
@@ -49,7 +51,7 @@ public enum BrokerMain {
         if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
         let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
         if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
-        let authenticator = PAMAuthenticator(helperExecutable: helper, serviceDirectory: options.pamDirectory)
+        let authenticator = PAMAuthenticator(helperExecutable: pamHelper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
                             syslog: AuditSyslog(socketPath: options.syslogSocket),
                             reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve),
@@ -120,6 +122,23 @@ public enum BrokerMain {
                 broker.closeAndExit()
             }
         }
+    }
+
+    /// Why the broker must not execute `path` as root, or nil: it runs with the broker's
+    /// privileges, so it must be a regular file owned by root (or the broker's user), that no
+    /// one else can write, in a directory no one else can write.
+    static func unsafeToRun(_ path: String) -> String? {
+        var st = stat()
+        guard lstat(path, &st) == 0 else { return "missing: keyhold-pam-helper must be installed beside keyholdd" }
+        guard (st.st_mode & S_IFMT) == S_IFREG, st.st_mode & S_IXUSR != 0 else { return "not an executable regular file" }
+        guard st.st_uid == 0 || st.st_uid == geteuid(), st.st_mode & (S_IWGRP | S_IWOTH) == 0 else {
+            return "writable by another user"
+        }
+        var dir = stat()
+        let parent = String(path[..<path.lastIndex(of: "/")!])
+        guard stat(parent.isEmpty ? "/" : parent, &dir) == 0, dir.st_uid == 0 || dir.st_uid == geteuid(),
+              dir.st_mode & (S_IWGRP | S_IWOTH) == 0 else { return "its directory is writable by another user" }
+        return nil
     }
 
     public static func fail(_ message: String, code: Int32 = 1) -> Never {

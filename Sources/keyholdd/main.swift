@@ -1,10 +1,5 @@
-import KeyholdAuth
 import KeyholdBroker
 
-// keyholdd: the broker daemon. It also runs, re-executed as `keyholdd --pam-helper`, the
-// short-lived helper process that performs one PAM transaction (see KeyholdAuth).
-let arguments = Array(CommandLine.arguments.dropFirst())
-if arguments.first == "--pam-helper" {
-    PAMHelperProcess.main()
-}
-BrokerMain.run(arguments: arguments)
+// keyholdd: the broker daemon. Each PAM transaction runs in keyhold-pam-helper, found next
+// to this executable (see KeyholdAuth/PAMHelperProcess.swift).
+BrokerMain.run(arguments: Array(CommandLine.arguments.dropFirst()))

@@ -10,9 +10,7 @@ enum PAMFixture {
     static let repoRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
         .deletingLastPathComponent().deletingLastPathComponent()
     static let testStacks = PAMTestStacks.directory
-    /// Under `swift test`, argv[0] is `.build/<triple>/debug/KeyholdPackageTests.xctest`.
-    static let helper = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        .appendingPathComponent("keyholdd").path
+    static let helper = TestPaths.pamHelper
 
     static let passdbDirectory: String = {
         var template = Array("/tmp/kh-pamdb-XXXXXX".utf8CString)

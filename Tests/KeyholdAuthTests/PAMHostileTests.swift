@@ -209,7 +209,7 @@ private func withStack<R>(_ lines: [String], extra: (String) -> Void = { _ in },
     }
 
     @Test func missingHelperExecutableFails() {
-        let auth = PAMAuthenticator(helperExecutable: "/nonexistent/keyholdd", serviceDirectory: nil)
+        let auth = PAMAuthenticator(helperExecutable: "/nonexistent/keyhold-pam-helper", serviceDirectory: nil)
         #expect(auth.authenticate(PAMRequest(service: "keyhold", user: "alice"), allowInteraction: true,
                                   interruptFD: nil) { _ in .cancel } == .helperFailed)
     }

@@ -103,7 +103,7 @@ import KeyholdTestSupport
 
     static func gate(_ stacks: String, clock: FakeClock = FakeClock(), prints: String? = nil) -> ReleaseGate {
         let noPrints = prints ?? TestPaths.temporaryDirectory("kh-gate-prints")
-        return ReleaseGate(authenticator: PAMAuthenticator(helperExecutable: TestPaths.keyholdd, serviceDirectory: stacks, deadlineSeconds: 30),
+        return ReleaseGate(authenticator: PAMAuthenticator(helperExecutable: TestPaths.pamHelper, serviceDirectory: stacks, deadlineSeconds: 30),
                            fprintStateDirectory: noPrints, clock: clock)
     }
 

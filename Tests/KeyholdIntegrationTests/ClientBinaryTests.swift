@@ -24,6 +24,17 @@ import KeyholdTestSupport
         #expect(Self.has(broker, "libsqlite3"))
     }
 
+    /// The PAM helper runs third-party modules as root: it carries neither the vault nor
+    /// SQLite, the TPM stack or libcrypto, only PAM and the model.
+    @Test func thePAMHelperCarriesNoVault() throws {
+        let helper = try Self.contents(TestPaths.pamHelper)
+        #expect(Self.has(helper, "11KeyholdAuth"))
+        #expect(Self.has(helper, "libpam"))
+        for absent in ["12KeyholdVault", "13KeyholdBroker", "libsqlite3", "libtss2", "libcrypto"] {
+            #expect(!Self.has(helper, absent), "\(absent)")
+        }
+    }
+
     /// Root keeps no D-Bus client: the hand-written one (SASL EXTERNAL) is in the CLI only.
     @Test func theBrokerCarriesNoDBusClient() throws {
         #expect(Self.has(try Self.contents(TestPaths.keyhold), "AUTH EXTERNAL"))

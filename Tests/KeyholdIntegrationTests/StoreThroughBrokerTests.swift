@@ -232,6 +232,30 @@ import KeyholdTestSupport
         try b.start()
     }
 
+    /// keyholdd executes keyhold-pam-helper as root: a missing helper, or one another user
+    /// could have replaced, stops it at start-up, before the vault is opened.
+    @Test func refusesAMissingOrWritablePAMHelper() throws {
+        let b = try BrokerFixture()
+        b.stop()
+        let bin = TestPaths.temporaryDirectory("khbin")
+        defer { try? FileManager.default.removeItem(atPath: bin) }
+        chmod(bin, 0o755)
+        try FileManager.default.copyItem(atPath: TestPaths.keyholdd, toPath: bin + "/keyholdd")
+        let args = ["--state-dir", b.stateDirectory, "--socket", b.directory + "/x.sock"]
+        let missing = runCommand(bin + "/keyholdd", args)
+        #expect(missing.status != 0 && missing.stderr.contains("keyhold-pam-helper must be installed beside keyholdd"), "\(missing.stderr)")
+        try FileManager.default.copyItem(atPath: TestPaths.pamHelper, toPath: bin + "/keyhold-pam-helper")
+        chmod(bin + "/keyhold-pam-helper", 0o775)
+        let writable = runCommand(bin + "/keyholdd", args)
+        #expect(writable.status != 0 && writable.stderr.contains("writable by another user"), "\(writable.stderr)")
+        chmod(bin + "/keyhold-pam-helper", 0o755)
+        chmod(bin, 0o777)
+        let openDirectory = runCommand(bin + "/keyholdd", args)
+        #expect(openDirectory.status != 0 && openDirectory.stderr.contains("its directory is writable"), "\(openDirectory.stderr)")
+        try b.start()
+        #expect(b.cli(["ls"]).status == 0)
+    }
+
     @Test func hostileFramesLeaveTheBrokerServing() throws {
         let b = try BrokerFixture()
         #expect(b.cli(["put", "keep", "me"], stdin: Array("intact".utf8)).status == 0)

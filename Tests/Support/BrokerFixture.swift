@@ -22,6 +22,8 @@ public enum TestPaths {
     }()
 
     public static var keyholdd: String { products + "/keyholdd" }
+    /// The PAM helper keyholdd starts for each transaction (it looks beside itself).
+    public static var pamHelper: String { products + "/keyhold-pam-helper" }
     /// The CLI is linked statically, so no test target may depend on it (SwiftPM would link its
     /// flags into the test bundle); `swift build --build-tests` builds it beside `keyholdd`.
     public static var keyhold: String {

@@ -1,0 +1,8 @@
+import KeyholdAuth
+
+// keyhold-pam-helper: runs one PAM transaction for keyholdd, which starts it (as root, from
+// the directory keyholdd itself runs from) for every authentication and talks to it over
+// fd 3 only. Its own small executable, as OpenSSH's sshd-auth is: PAM modules are third-party
+// code running as root, and this process maps libpam and the Swift runtime only, never the
+// store, SQLite, the TPM stack or a key. Started by anything but keyholdd, it exits at once.
+PAMHelperProcess.main()
