@@ -147,8 +147,7 @@ extension Agent {
             }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
             defer { secret.wipe() }
-            try refreshItems()
-            let existing = state.items.values.first { $0.service == ref.service && $0.account == ref.account }
+            let existing = try item(named: ref)
             var policy = options.defaultPolicy
             if let existing {
                 do throws(Policy.ParseError) { policy = try Policy(parsing: existing.policy) } catch { throw .failed("unreadable policy") }
@@ -163,8 +162,7 @@ extension Agent {
             } catch {
                 throw Self.busError(error)
             }
-            try refreshItems()
-            guard let stored = state.items.values.first(where: { $0.service == ref.service && $0.account == ref.account }) else {
+            guard let stored = try item(named: ref) else {
                 throw .failed("the item was not stored")
             }
             let path = SecretObject.itemPath(stored.id)
