@@ -114,3 +114,20 @@ CREATE TABLE item_generation_head (
 -- Informational (an expired item is still released; `state` says `expired`), but bound into
 -- the associated data of the item's boxes when set, so editing it on disk is integrity.
 ALTER TABLE items ADD COLUMN expires_us INTEGER;
+
+-- migrate:4
+
+-- Search by any subset of an item's attributes (issue 11, item 3) without plaintext: one row
+-- per attribute pair of the item's map (AttributeMap, from its sealed service and account),
+-- tag = BLAKE2b_searchKey(owner_uid || len key || key || len value || value). Equal pairs of
+-- one owner share a tag; nothing else is readable. An index only: the broker opens every
+-- candidate and matches its sealed map exactly, so a forged, moved or deleted row can hide an
+-- item from a search but never return one that does not match or is another user's. Written
+-- with every put, update and delete; rows of items older than this migration are written by
+-- the store on its first open after it (SQL cannot compute them), marked in vault_meta.
+CREATE TABLE item_search (
+    item_id BLOB NOT NULL REFERENCES items (id) ON DELETE CASCADE,
+    tag     BLOB NOT NULL
+);
+CREATE INDEX item_search_tag ON item_search (tag);
+CREATE INDEX item_search_item ON item_search (item_id, tag);

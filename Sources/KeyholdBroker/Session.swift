@@ -131,6 +131,7 @@ struct Session {
         case .auditVerifyExport: return auditVerifyExport(request)
         case .status: return status(request)
         case .rotate: return rotate(request)
+        case .search: return search(request)
         }
     }
 

@@ -240,26 +240,51 @@ extension Session {
                 }
             }
             guard case .success(let found) = page else { return Response(.otherError, detail: "the item list could not be read") }
-            let infos = found.items.map { i in
-                ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
-                         policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
-                         reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
-                         generation: i.generation, expires: i.expires)
-            }
-            for payload in BrokerMessage.encodedItemBatches(infos) {
-                do throws(FrameError) {
-                    try Frame.write(payload, to: fd)
-                } catch {
-                    return Response(.otherError)
-                }
-            }
-            count += infos.count
+            guard sendItems(found.items) else { return Response(.otherError) }
+            count += found.items.count
             damaged += found.damaged
             cursor = found.next
         } while cursor != nil
         var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
         r.count = UInt64(count)
         return r
+    }
+
+    /// The caller's items whose attribute map holds every query pair (the store's index finds
+    /// candidates, each is opened and matched exactly under the caller's uid). Audited like
+    /// `list`: one entry per request, before anything is sent, with no names in it.
+    func search(_ request: Request) -> Response {
+        guard broker.audit(event(request, .search, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
+        let result: Result<(items: [StoredItem], damaged: Int), Denial> = broker.withStore { store in
+            do throws(StoreError) {
+                return .success(try store.search(owner: caller.uid, attributes: request.searchAttributes))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
+        guard case .success(let found) = result else { return Response(.otherError, detail: "the items could not be searched") }
+        guard sendItems(found.items) else { return Response(.otherError) }
+        var r = Response(.ok, detail: found.damaged > 0 ? "\(found.damaged) damaged item(s) could not be read" : nil)
+        r.count = UInt64(found.items.count)
+        return r
+    }
+
+    /// Metadata (never a secret) as `.items` frames; false when the socket failed.
+    private func sendItems(_ items: [StoredItem]) -> Bool {
+        let infos = items.map { i in
+            ItemInfo(id: i.id.description, service: i.service, account: i.account, label: i.label, kind: i.kind,
+                     policy: i.access.policy.description, allowedExecutables: i.access.allowedExecutables,
+                     reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
+                     generation: i.generation, expires: i.expires)
+        }
+        for payload in BrokerMessage.encodedItemBatches(infos) {
+            do throws(FrameError) {
+                try Frame.write(payload, to: fd)
+            } catch {
+                return false
+            }
+        }
+        return true
     }
 
     func state(_ request: Request) -> Response {

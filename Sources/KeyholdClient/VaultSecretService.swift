@@ -44,3 +44,22 @@ extension Vault {
         _ = try perform(r, interaction: nil)
     }
 }
+
+extension Vault {
+    /// Metadata of the caller's items whose attribute map (`AttributeMapping.attributes`) holds
+    /// every pair of `attributes`; all of them for an empty map. The broker finds candidates
+    /// through its keyed index and matches each item's sealed map exactly. Never a secret.
+    public func search(attributes: [String: String]) throws(KeyholdError) -> [ItemInfo] {
+        guard attributes.count <= AttributeMapping.maxPairs else {
+            throw .invalidRequest("more than \(AttributeMapping.maxPairs) attributes")
+        }
+        for (k, v) in attributes where k.utf8.count > Limits.maxTextBytes || v.utf8.count > Limits.maxTextBytes {
+            throw .invalidRequest("an attribute is longer than \(Limits.maxTextBytes) bytes")
+        }
+        var r = Request(.search)
+        r.searchAttributes = attributes
+        var found: [ItemInfo] = []
+        _ = try perform(r, interaction: nil, onItems: { found.append(contentsOf: $0) })
+        return found
+    }
+}

@@ -8,13 +8,13 @@ import KeyholdCore
 /// - any other map is (`service` or "secret-service", "ss:" + the remaining pairs, sorted,
 ///   each `key=value` with `%`, `&` and `=` percent-escaped, joined by `&`).
 /// So the same map always names the same item (CreateItem's `replace`), and nothing of it is
-/// stored in plaintext. Search by a subset compares maps in the agent, over the caller's own
-/// item list from the broker.
+/// stored in plaintext. Search by a subset goes to the broker (`Operation.search`): a keyed
+/// tag per pair finds candidates, and the broker matches each candidate's sealed map exactly.
 public enum AttributeMapping {
-    public static let defaultService = "secret-service"
-    static let encodedPrefix = "ss:"
+    public static let defaultService = AttributeMap.defaultService
+    static let encodedPrefix = AttributeMap.encodedPrefix
     /// As many pairs as a client plausibly sets (libsecret: a handful).
-    public static let maxPairs = 64
+    public static let maxPairs = Limits.maxAttributePairs
 
     public enum MappingError: Error, Equatable {
         case tooManyAttributes
@@ -42,26 +42,12 @@ public enum AttributeMapping {
 
     /// The attribute map of a stored item (the inverse of `reference(for:)`).
     public static func attributes(service: String, account: String) -> [String: String] {
-        guard account.hasPrefix(encodedPrefix) else { return ["service": service, "account": account] }
-        var map: [String: String] = [:]
-        let body = account.dropFirst(encodedPrefix.count)
-        if !body.isEmpty {
-            for pair in body.split(separator: "&", omittingEmptySubsequences: false) {
-                let kv = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
-                guard kv.count == 2, let k = unescape(kv[0]), let v = unescape(kv[1]) else {
-                    // Not ours after all (a CLI account that starts with "ss:"): plain names.
-                    return ["service": service, "account": account]
-                }
-                map[k] = v
-            }
-        }
-        if service != defaultService { map["service"] = service }
-        return map
+        AttributeMap.attributes(service: service, account: account)
     }
 
     /// Whether `attributes` holds every pair of `query` (the Secret Service search rule).
     public static func matches(_ attributes: [String: String], _ query: [String: String]) -> Bool {
-        query.allSatisfy { attributes[$0.key] == $0.value }
+        AttributeMap.matches(attributes, query)
     }
 
     static func escape(_ s: String) -> String {
@@ -72,29 +58,6 @@ public enum AttributeMapping {
             case "&": out += "%26"
             case "=": out += "%3D"
             default: out.unicodeScalars.append(u)
-            }
-        }
-        return out
-    }
-
-    static func unescape(_ s: Substring) -> String? {
-        var out = ""
-        var i = s.startIndex
-        while i < s.endIndex {
-            let c = s[i]
-            if c == "%" {
-                let code = s[i...].prefix(3)
-                switch code {
-                case "%25": out += "%"
-                case "%26": out += "&"
-                case "%3D": out += "="
-                default: return nil
-                }
-                i = s.index(i, offsetBy: 3)
-            } else {
-                if c == "&" || c == "=" { return nil }
-                out.append(c)
-                i = s.index(after: i)
             }
         }
         return out

@@ -11,6 +11,9 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     case status
     /// Rotation (see RotationMessages.swift): `rotationCurrent`, then the client's `rotated`.
     case rotate
+    /// The caller's items whose attribute map holds every pair of `Request.searchAttributes`
+    /// (all of them for an empty query); answered like `list` (`.items` batches, then the response).
+    case search
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state, .rotate].contains(self) }
@@ -59,6 +62,8 @@ public struct Request {
     public var timeoutSeconds: UInt32?
     /// `put`: when the secret expires, µs since the epoch.
     public var expires: Int64?
+    /// `search`: the pairs every returned item's attribute map must hold (SearchMessages.swift).
+    public var searchAttributes: [String: String] = [:]
 
     public init(_ operation: Operation, item: ItemReference? = nil) {
         self.operation = operation
@@ -272,9 +277,9 @@ private enum RequestTag {
     static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
     static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
     static let claimedPID: UInt8 = 24
-    static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27
+    static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27, searchPair: UInt8 = 28
     static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: Set<UInt8> = Set(1...27)
+    static let all: Set<UInt8> = Set(1...28)
 }
 
 private enum ResponseTag {
@@ -356,6 +361,7 @@ extension ClientMessage {
             if let v = r.ifGeneration { f.append(.number(RequestTag.ifGeneration, v)) }
             if let v = r.timeoutSeconds { f.append(.number(RequestTag.timeout, UInt64(v))) }
             if let v = r.expires { f.append(.number(RequestTag.expires, UInt64(bitPattern: v))) }
+            f += SearchWire.fields(r.searchAttributes, tag: RequestTag.searchPair)
             return PayloadEncoder.encode(type: MessageType.request, fields: f)
         }
     }
@@ -397,7 +403,7 @@ extension ClientMessage {
             let (s, expires) = try RotationWire.decodeRotated(payload)
             return .rotated(s, expires: expires)
         case MessageType.request:
-            let fs = try FieldSet.payload(payload, allowed: RequestTag.all, repeatable: [RequestTag.allowExe])
+            let fs = try FieldSet.payload(payload, allowed: RequestTag.all, repeatable: [RequestTag.allowExe, RequestTag.searchPair])
             guard let raw = try fs.number(RequestTag.operation), raw <= 255, let op = Operation(rawValue: UInt8(raw)) else {
                 throw .malformed("unknown operation")
             }
@@ -451,6 +457,7 @@ extension ClientMessage {
             }
             try RotationWire.decodeRequestFields(fs, into: &r, ifGeneration: RequestTag.ifGeneration,
                                                  timeout: RequestTag.timeout, expires: RequestTag.expires)
+            try SearchWire.decodeRequestFields(fs, into: &r, tag: RequestTag.searchPair)
             return .request(r)
         default:
             throw .unexpectedMessage

@@ -119,14 +119,36 @@ public final class Agent {
         AttributeMapping.attributes(service: i.service, account: i.account)
     }
 
-    /// Items whose attributes hold every pair of `query`, split by lock state.
+    /// Items whose attributes hold every pair of `query`, split by lock state. The broker
+    /// searches (its keyed index, then an exact match of each sealed map): the agent no longer
+    /// fetches the whole list for a lookup.
     func search(_ query: [String: String]) throws(BusError) -> (unlocked: [String], locked: [String]) {
-        try refreshItems()
         var unlocked: [String] = [], locked: [String] = []
-        for i in state.items.values.sorted(by: { $0.createdAt < $1.createdAt }) where AttributeMapping.matches(attributes(of: i), query) {
+        for i in try searchBroker(query) {
             if state.isLocked(i) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
         }
         return (unlocked, locked)
+    }
+
+    /// The broker's answer for `query`, in creation order, and the cache brought up to date
+    /// with it: it is current for this query, so a cached item that matched and is no longer
+    /// returned was deleted or renamed (through the CLI, say) and is dropped.
+    func searchBroker(_ query: [String: String]) throws(BusError) -> [ItemInfo] {
+        let found: [ItemInfo]
+        do throws(KeyholdError) {
+            found = try vault.search(attributes: query)
+        } catch {
+            throw Self.busError(error)
+        }
+        for (id, i) in state.items where AttributeMapping.matches(attributes(of: i), query) { state.items[id] = nil }
+        for i in found { state.items[i.id] = i }
+        return found.sorted { $0.createdAt < $1.createdAt }
+    }
+
+    /// The item stored under exactly this name, found by a search for its whole map.
+    func item(named ref: ItemReference) throws(BusError) -> ItemInfo? {
+        try searchBroker(AttributeMapping.attributes(service: ref.service, account: ref.account))
+            .first { $0.service == ref.service && $0.account == ref.account }
     }
 
     /// The item's secret for `session`, or IsLocked. Never prompts: authentication happens in

@@ -147,24 +147,29 @@ extension Agent {
             }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
             defer { secret.wipe() }
-            try refreshItems()
-            let existing = state.items.values.first { $0.service == ref.service && $0.account == ref.account }
-            var policy = options.defaultPolicy
-            if let existing {
-                do throws(Policy.ParseError) { policy = try Policy(parsing: existing.policy) } catch { throw .failed("unreadable policy") }
+            var existing = try item(named: ref)
+            for attempt in 0..<2 {
+                var policy = options.defaultPolicy
+                if let existing {
+                    do throws(Policy.ParseError) { policy = try Policy(parsing: existing.policy) } catch { throw .failed("unreadable policy") }
+                }
+                do throws(KeyholdError) {
+                    try vault.store(secret, service: ref.service, account: ref.account,
+                                    label: LabelEncoding.encode(label: label, contentType: wire.contentType),
+                                    policy: policy,
+                                    reuseSeconds: existing?.reuseSeconds ?? options.reuseSeconds,
+                                    allowedExecutables: existing?.allowedExecutables ?? [],
+                                    update: existing != nil, claimedPID: claimedPID(c.m))
+                    break
+                } catch .duplicateItem where existing == nil && attempt == 0 {
+                    // The index did not show it (its rows removed on disk): the whole list does.
+                    try refreshItems()
+                    existing = state.items.values.first { $0.service == ref.service && $0.account == ref.account }
+                } catch {
+                    throw Self.busError(error)
+                }
             }
-            do throws(KeyholdError) {
-                try vault.store(secret, service: ref.service, account: ref.account,
-                                label: LabelEncoding.encode(label: label, contentType: wire.contentType),
-                                policy: policy,
-                                reuseSeconds: existing?.reuseSeconds ?? options.reuseSeconds,
-                                allowedExecutables: existing?.allowedExecutables ?? [],
-                                update: existing != nil, claimedPID: claimedPID(c.m))
-            } catch {
-                throw Self.busError(error)
-            }
-            try refreshItems()
-            guard let stored = state.items.values.first(where: { $0.service == ref.service && $0.account == ref.account }) else {
+            guard let stored = try item(named: ref) else {
                 throw .failed("the item was not stored")
             }
             let path = SecretObject.itemPath(stored.id)

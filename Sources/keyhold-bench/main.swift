@@ -6,13 +6,18 @@ import KeyholdVault
 
 // keyhold-bench: latency, throughput, size and memory of a real broker on a temporary vault.
 // Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.
-//   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only
+//   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only | --verify-state DIR
+//     | --fill-state DIR --owner UID --from A --to B (Secret Service benchmark's items)
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
 func option(_ name: String, _ fallback: Int) -> Int {
     guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
     return v
+}
+if let i = args.firstIndex(of: "--fill-state"), i + 1 < args.count {
+    fillState(args[i + 1], owner: UInt32(option("--owner", 0)), from: option("--from", 1), to: option("--to", 0))
+    exit(0)
 }
 if let i = args.firstIndex(of: "--verify-state"), i + 1 < args.count {
     verifyExisting(args[i + 1], repeats: option("--repeat", 3))

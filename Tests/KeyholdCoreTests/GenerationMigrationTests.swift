@@ -28,6 +28,7 @@ import Testing
         try db.setBlob("items", "wrapped_key", wrapped.combined, where: "id = \(id)")
         // Undo migration 2 as if it never ran.
         try db.exec("""
+            \(SearchIndexTests.undoMigration4)
             DROP TABLE item_generation; DROP TABLE item_generation_head;
             ALTER TABLE items DROP COLUMN generation;
             ALTER TABLE items DROP COLUMN expires_us;

@@ -10,4 +10,6 @@ public enum Limits {
     public static let maxAnswerBytes = 4096
     /// Most allowed executables per item.
     public static let maxAllowedExecutables = 16
+    /// Most attribute pairs in a Secret Service map or search (libsecret sets a handful).
+    public static let maxAttributePairs = 64
 }

@@ -3,6 +3,8 @@ import KeyholdCore
 /// What a request did, by a stable name (stored and shown; never renamed).
 public enum AuditOperation: String, Sendable, CaseIterable {
     case put, update, get, delete, list, state, lock, biometry
+    /// A search of the caller's items by attributes (audited like `list`: one entry, no names).
+    case search
     case auditRead = "audit-read"
     case auditVerify = "audit-verify"
     case auditExport = "audit-export"

@@ -58,7 +58,7 @@ public struct VaultKey: Sendable {
 
     /// Subkey ids. Stable forever: changing one makes every vault unreadable.
     enum Purpose: UInt64 {
-        case wrapping = 1, attributes = 2, blindIndex = 3, audit = 4, keyCheck = 5, generations = 6
+        case wrapping = 1, attributes = 2, blindIndex = 3, audit = 4, keyCheck = 5, generations = 6, search = 7
     }
 
     /// libsodium requires exactly 8 context bytes.
@@ -89,6 +89,8 @@ public struct VaultKey: Sendable {
     var keyCheckKey: MACKey { MACKey(keyBytes: derive(.keyCheck)) }
     /// Authenticates the record of each item's current generation (`item_generation`).
     var generationKey: MACKey { MACKey(keyBytes: derive(.generations)) }
+    /// Tags of the attribute-pair search index (`item_search`).
+    var searchKey: MACKey { MACKey(keyBytes: derive(.search)) }
 
     /// Raw bytes, for writing the key file only.
     func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) -> R) -> R { keyBytes.bytes.withUnsafeBytes(body) }

@@ -14,6 +14,7 @@ public final class VaultStore {
     let blindIndexKey: BlindIndexKey
     let auditKey: AuditKey
     let generationKey: MACKey
+    let searchKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
@@ -35,6 +36,7 @@ public final class VaultStore {
         self.blindIndexKey = key.blindIndexKey
         self.auditKey = key.auditKey
         self.generationKey = key.generationKey
+        self.searchKey = key.searchKey
         self.stateDirectory = stateDirectory
         self.passwordHashing = passwordHashing
     }
@@ -89,6 +91,7 @@ public final class VaultStore {
         try store.migrate(from: existingVersion)
         try store.checkOrRecordKey(key)
         if existingVersion < 2 { try store.initialiseGenerationHead() }
+        try store.backfillSearchIndex()
         return store
     }
 
@@ -284,6 +287,7 @@ public final class VaultStore {
             } catch {
                 throw error.isUniqueViolation ? .duplicate : StoreError.from(error)
             }
+            try mapped { () throws(DatabaseError) in try writeSearchTags(id, owner: owner, item.service, item.account) }
             let digest = try mapped { () throws(DatabaseError) in
                 try setGeneration(id, from: record.generations[id], to: generation, digest: record.digest)
             }
@@ -353,6 +357,9 @@ public final class VaultStore {
                 throw error.isUniqueViolation ? .duplicate : StoreError.from(error)
             }
             guard changed == 1 else { throw try missedChange(existing) }
+            try mapped { () throws(DatabaseError) in
+                try writeSearchTags(existing.id, owner: existing.owner, item.service, item.account)
+            }
             let digest = try mapped { () throws(DatabaseError) in
                 try setGeneration(existing.id, from: existing.generation, to: generation, digest: record.digest)
             }
@@ -385,6 +392,7 @@ public final class VaultStore {
                 }
             } catch { throw StoreError.from(error) }
             guard changed == 1 else { throw try missedChange(item) }
+            try mapped { () throws(DatabaseError) in try removeSearchTags(item.id) }
             let digest = try mapped { () throws(DatabaseError) in
                 try setGeneration(item.id, from: record.generations[item.id], to: nil, digest: record.digest)
             }
@@ -425,6 +433,7 @@ public final class VaultStore {
                 }
             } catch { throw StoreError.from(error) }
             guard let raw else { throw StoreError.notFound }
+            try mapped { () throws(DatabaseError) in try removeSearchTags(raw) }
             removedID = ItemID(bytes: raw)
             var digest: [UInt8]?
             if let id = removedID {

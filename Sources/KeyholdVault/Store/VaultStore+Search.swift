@@ -1,0 +1,144 @@
+import KeyholdCore
+
+/// The attribute-pair search index (`item_search`, schema migration 4).
+///
+/// Each item has one row per pair of its attribute map (`AttributeMap`, from its sealed
+/// service and account): tag = keyed BLAKE2b of (owner, key, value) under its own subkey. A
+/// search looks up the tags of the query's pairs, then opens every candidate row and matches
+/// its sealed map exactly under the caller's uid, so the index only ever narrows: a forged,
+/// moved or deleted tag row can hide an item from a search, never return a wrong one.
+extension VaultStore {
+    /// vault_meta name set in the transaction that wrote the rows of the items older than the index.
+    static let searchIndexMarker = "search_index"
+
+    func searchTag(owner: UInt32, key: String, value: String) -> [UInt8] {
+        var e = CanonicalEncoder(domain: "keyhold search tag v1")
+        e.append(owner)
+        e.append(key)
+        e.append(value)
+        return KeyedHash.hash(e.bytes, key: searchKey)
+    }
+
+    /// Replaces the item's rows with the tags of its names' map, inside the caller's transaction.
+    func writeSearchTags(_ id: ItemID, owner: UInt32, _ service: String, _ account: String) throws(DatabaseError) {
+        try removeSearchTags(id.bytes)
+        for (key, value) in AttributeMap.attributes(service: service, account: account) {
+            try db.withStatement("INSERT INTO item_search (item_id, tag) VALUES (?1, ?2)") { (s) throws(DatabaseError) in
+                try s.bind(1, blob: id.bytes)
+                try s.bind(2, blob: searchTag(owner: owner, key: key, value: value))
+                try s.step()
+            }
+        }
+    }
+
+    func removeSearchTags(_ id: ItemID) throws(DatabaseError) { try removeSearchTags(id.bytes) }
+
+    func removeSearchTags(_ rawID: [UInt8]) throws(DatabaseError) {
+        try db.withStatement("DELETE FROM item_search WHERE item_id = ?1") { (s) throws(DatabaseError) in
+            try s.bind(1, blob: rawID)
+            try s.step()
+        }
+    }
+
+    /// The items of `owner` whose attribute map holds every pair of `query`, in creation order,
+    /// and how many candidate rows failed to open (damaged; left out). An empty query is every
+    /// item of the owner (`items(owner:)`). Candidates come from the index; each is opened and
+    /// matched exactly, and must be the owner's (its owner is bound into its boxes).
+    public func search(owner: UInt32, attributes query: [String: String]) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        guard query.count <= Limits.maxAttributePairs else { throw .tooLarge }
+        for (k, v) in query where k.utf8.count > Limits.maxTextBytes || v.utf8.count > Limits.maxTextBytes { throw .tooLarge }
+        if query.isEmpty { return try items(owner: owner) }
+        var generations: GenerationRecord?
+        do { generations = try verifiedGenerations() } catch {
+            guard error == .integrity else { throw error }
+        }
+        let tags = try mapped { () throws(DatabaseError) in
+            try drivingOrder(query.map { searchTag(owner: owner, key: $0.key, value: $0.value) })
+        }
+        // Driven by the rarest tag; every other tag is checked on the (item_id, tag) index.
+        let others = tags.indices.dropFirst().map { "AND EXISTS (SELECT 1 FROM item_search t WHERE t.item_id = s.item_id AND t.tag = ?\($0 + 2))" }
+        let sql = """
+            SELECT \(Self.itemColumns) FROM items WHERE owner_uid = ?1 AND id IN (
+                SELECT s.item_id FROM item_search s WHERE s.tag = ?2 \(others.joined(separator: " ")))
+            ORDER BY rowid
+            """
+        var found: [StoredItem] = []
+        var damaged = 0
+        try mapped { () throws(DatabaseError) in
+            try db.withStatement(sql) { (s) throws(DatabaseError) in
+                try s.bind(1, Int64(owner))
+                for (i, tag) in tags.enumerated() { try s.bind(Int32(i + 2), blob: tag) }
+                while try s.step() {
+                    guard let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
+                          item.owner == owner else {
+                        damaged += 1
+                        continue
+                    }
+                    // The index only proposes: a row whose sealed map does not match is not an answer.
+                    if AttributeMap.matches(AttributeMap.attributes(service: item.service, account: item.account), query) {
+                        found.append(item)
+                    }
+                }
+            }
+        }
+        return (found, damaged)
+    }
+
+    /// The tags, rarest first (rows counted up to a cap), so a query that pairs a common tag
+    /// (`service=…` of 10,000 items) with a rare one walks the rare one's rows.
+
+    private func drivingOrder(_ tags: [[UInt8]]) throws(DatabaseError) -> [[UInt8]] {
+        guard tags.count > 1 else { return tags }
+        var counted: [(tag: [UInt8], rows: Int64)] = []
+        for tag in tags {
+            let n = try db.withStatement("SELECT count(*) FROM (SELECT 1 FROM item_search WHERE tag = ?1 LIMIT 256)") { (s) throws(DatabaseError) in
+                try s.bind(1, blob: tag)
+                return try s.step() ? s.int64(0) : 0
+            }
+            counted.append((tag, n))
+        }
+        return counted.sorted { $0.rows < $1.rows }.map(\.tag)
+    }
+
+    private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
+        do { return try body() } catch { throw StoreError.from(error) }
+    }
+
+    /// Items written before migration 4 get their rows once, on the first open after it (the
+    /// vault key is needed to read their names), in one transaction with the vault_meta marker.
+    /// Idempotent: it rewrites the whole index. Items that do not open get no rows (they are
+    /// damaged; `ls` counts them). Left for the next open while the generation record does not
+    /// verify (then no item opens).
+    func backfillSearchIndex() throws(StoreError) {
+        let done = try mapped { () throws(DatabaseError) in
+            try db.withStatement("SELECT 1 FROM vault_meta WHERE name = ?1") { (s) throws(DatabaseError) in
+                try s.bind(1, text: Self.searchIndexMarker)
+                return try s.step()
+            }
+        }
+        if done { return }
+        let generations: GenerationRecord
+        do { generations = try verifiedGenerations() } catch {
+            if error == .integrity { return }
+            throw error
+        }
+        try mapped { () throws(DatabaseError) in
+            try db.transaction { () throws(DatabaseError) in
+                var names: [(ItemID, UInt32, String, String)] = []
+                try db.withStatement("SELECT \(Self.itemColumns) FROM items ORDER BY rowid") { (s) throws(DatabaseError) in
+                    while try s.step() {
+                        if let item = try? decode(ItemRow(s), generations: generations, checkLookup: false) {
+                            names.append((item.id, item.owner, item.service, item.account))
+                        }
+                    }
+                }
+                try db.execute("DELETE FROM item_search")
+                for (id, owner, service, account) in names { try writeSearchTags(id, owner: owner, service, account) }
+                try db.withStatement("INSERT INTO vault_meta (name, value) VALUES (?1, 'v1')") { (s) throws(DatabaseError) in
+                    try s.bind(1, text: Self.searchIndexMarker)
+                    try s.step()
+                }
+            }
+        }
+    }
+}
