@@ -99,7 +99,8 @@ extension Agent {
         guard rc >= 0, let bus = busOut else { throw .noBus(String(cString: strerror(-rc))) }
         defer { sd_bus_flush_close_unref(bus) }
 
-        let agent = Agent(bus: bus, options: options)
+        guard let inbox = LoopInbox() else { throw .noBus("cannot create the event loop's wake-up descriptor") }
+        let agent = Agent(bus: bus, options: options, inbox: inbox)
         let flags = LoopFlags()
         let agentPtr = Unmanaged.passUnretained(agent).toOpaque()
         let flagsPtr = Unmanaged.passUnretained(flags).toOpaque()
@@ -116,14 +117,7 @@ extension Agent {
         if req == -EEXIST { throw .nameOwned }
         guard req >= 0 else { throw .nameRequest(String(cString: strerror(-req))) }
 
-        while ckss_terminated() == 0 && !flags.nameLost {
-            let r = sd_bus_process(bus, nil)
-            if r < 0 { break }  // the bus went away
-            if r > 0 { continue }
-            // Bounded wait: SIGTERM between the check and the wait is seen within a second.
-            let w = sd_bus_wait(bus, 1_000_000)
-            if w < 0 && w != -EINTR { break }
-        }
+        agent.serve(flags)
         withExtendedLifetime(agent) {}
         withExtendedLifetime(flags) {}
         return 0
