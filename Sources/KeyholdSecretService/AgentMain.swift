@@ -10,6 +10,7 @@ public enum AgentStartError: Error, Equatable {
     case noBus(String)
     case nameOwned
     case nameRequest(String)
+    case noWakeup
 
     public var message: String {
         switch self {
@@ -18,6 +19,7 @@ public enum AgentStartError: Error, Equatable {
         case .noBus(let m): "cannot connect to the session bus: \(m)"
         case .nameOwned: "org.freedesktop.secrets is already owned by another program (stop it, or pass --replace)"
         case .nameRequest(let m): "cannot own org.freedesktop.secrets: \(m)"
+        case .noWakeup: "cannot create the event loop's wake-up descriptor (eventfd)"
         }
     }
 
@@ -99,7 +101,7 @@ extension Agent {
         guard rc >= 0, let bus = busOut else { throw .noBus(String(cString: strerror(-rc))) }
         defer { sd_bus_flush_close_unref(bus) }
 
-        guard let inbox = LoopInbox() else { throw .noBus("cannot create the event loop's wake-up descriptor") }
+        guard let inbox = LoopInbox() else { throw .noWakeup }
         let agent = Agent(bus: bus, options: options, inbox: inbox)
         let flags = LoopFlags()
         let agentPtr = Unmanaged.passUnretained(agent).toOpaque()

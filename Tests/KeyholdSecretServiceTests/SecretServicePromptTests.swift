@@ -107,4 +107,49 @@ import KeyholdTestSupport
         #expect(probe.stdoutText.contains("locked True"), "\(probe.stdoutText) \(probe.stderr)")
         #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
     }
+
+    /// Running prompts are bounded per client (2): a third Prompt() while two run is
+    /// LimitsExceeded. The second stays running because the broker answers its authentication
+    /// *busy* while the first waits, and the client library retries that for 3 s; the three
+    /// calls are back to back. After the askpass answers, the first completes unlocked; the
+    /// second may get the broker's new grant or give up busy, so only its completion is checked.
+    @Test func runningPromptsAreCappedPerClient() throws {
+        let f = try fixture()
+        let script = f.directory + "/cap.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data("""
+            import secretstorage, sys
+            from jeepney import DBusAddress, new_method_call, MatchRule, MessageType
+            from jeepney.low_level import HeaderFields
+            conn = secretstorage.dbus_init()
+            c = secretstorage.get_default_collection(conn)
+            it = next(iter(c.search_items({"service": "gate", "account": "ann"})))
+            svc = DBusAddress("/org/freedesktop/secrets", "org.freedesktop.secrets", "org.freedesktop.Secret.Service")
+            prompts = [conn.send_and_get_reply(new_method_call(svc, "Unlock", "ao", ([it.item_path],))).body[1] for _ in range(3)]
+            rule = MatchRule(interface="org.freedesktop.Secret.Prompt", member="Completed", type=MessageType.signal)
+            with conn.filter(rule, bufsize=10) as signals:
+                for p in prompts:
+                    # jeepney hands back an error reply as a message (it raises only when unwrapping).
+                    reply = conn.send_and_get_reply(new_method_call(DBusAddress(p, "org.freedesktop.secrets", "org.freedesktop.Secret.Prompt"), "Prompt", "s", ("",)))
+                    if reply.header.message_type == MessageType.error:
+                        print("refused", reply.header.fields[HeaderFields.error_name], flush=True)
+                    else:
+                        print("started", flush=True)
+                open(sys.argv[1], "w").close()
+                for _ in range(2):
+                    print("completed", conn.recv_until_filtered(signals, timeout=120).body[0], flush=True)
+
+            """.utf8))
+        chmod(script, 0o644)
+        let marker = f.directory + "/cap-asked"
+        let r = try f.spawn("/bin/sh", ["-c", "exec /usr/bin/python3 \(script) \(marker) > \(f.directory)/cap.out"], log: "cap.log")
+        defer { if r.isRunning { kill(r.processIdentifier, SIGKILL); r.waitUntilExit() } }
+        #expect(waitFor(marker), "\(f.log("cap.log")) \(f.log("agent.log"))")
+        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
+        #expect(r.waitForExit(seconds: 150))
+        let out = f.log("cap.out")
+        #expect(out.components(separatedBy: "started").count - 1 == 2, "\(out) \(f.log("cap.log"))")
+        #expect(out.contains("refused org.freedesktop.DBus.Error.LimitsExceeded"), "\(out)")
+        #expect(out.components(separatedBy: "completed ").count - 1 == 2, "\(out)")
+        #expect(out.contains("completed False"), "\(out)")
+    }
 }
