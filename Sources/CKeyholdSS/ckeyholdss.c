@@ -6,6 +6,7 @@
 #include <openssl/rand.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/eventfd.h>
 
 static int to_padded(const BIGNUM *n, uint8_t *out) {
     return BN_bn2binpad(n, out, CKSS_DH_BYTES) == CKSS_DH_BYTES ? 0 : -1;
@@ -102,5 +103,7 @@ void ckss_install_termination_handler(void) {
 }
 
 int ckss_terminated(void) { return terminated; }
+
+int ckss_eventfd(void) { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
 
 void ckss_wipe(void *p, size_t len) { OPENSSL_cleanse(p, len); }

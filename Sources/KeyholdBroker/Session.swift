@@ -115,7 +115,7 @@ struct Session {
         switch checkClaim(request) {
         case .none: break
         case .claimed(let r): request = r
-        case .refused(let d): return deny(request, .invalid, item: nil, d)
+        case .refused(let r, let op, let d): return deny(r, op, item: nil, d)
         }
         switch request.operation {
         case .put: return put(request)

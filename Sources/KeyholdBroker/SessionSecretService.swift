@@ -12,7 +12,8 @@ extension Session {
     enum ClaimCheck {
         case none
         case claimed(Request)
-        case refused(Denial)
+        /// The request to audit (its reason says why), under the operation it asked for.
+        case refused(Request, AuditEvent.Operation, Denial)
     }
 
     /// The request with the claimed requester written into its reason (audit and announce).
@@ -24,7 +25,11 @@ extension Session {
         if lstat("/proc/\(pid)", &st) == 0 {
             // /proc/PID is owned by the process's effective uid.
             guard st.st_uid == caller.uid else {
-                return .refused(Denial(.notAuthorized, "the claimed requester is not this user's process"))
+                // Audited under the operation asked for, with the pid and its uid as the reason:
+                // names only, so an owner reading the audit sees which request was refused and why.
+                var r = request
+                r.reason = "refused: claimed requester (pid \(pid)) via the Secret Service runs as uid \(st.st_uid), not as the caller"
+                return .refused(r, Self.auditOperation(request), Denial(.notAuthorized, "the claimed requester is not this user's process"))
             }
             exe = CallerFacts.read(pid: pid)?.executable ?? "?"
         } else {
@@ -38,6 +43,25 @@ extension Session {
             r.reason = claim
         }
         return .claimed(r)
+    }
+
+    /// The audit operation a request is recorded under when it is refused before dispatch.
+    static func auditOperation(_ r: Request) -> AuditEvent.Operation {
+        switch r.operation {
+        case .put: r.update ? .update : .put
+        case .get, .rotate: .get
+        case .delete: .delete
+        case .list: .list
+        case .state: .state
+        case .lock: .lock
+        case .biometry: .biometry
+        case .status: .status
+        case .audit: r.withRows ? .auditExport : .auditRead
+        case .auditVerify, .auditVerifyExport: .auditVerify
+        case .auditPrune: .auditPrune
+        // Operations added later are recorded as invalid until they are named here.
+        @unknown default: .invalid
+        }
     }
 
     /// An item restricted to executables is never released through the agent: the program

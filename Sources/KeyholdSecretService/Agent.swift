@@ -5,16 +5,19 @@ import KeyholdCore
 import KeyholdProtocol
 
 /// The Secret Service on the bus: resolves each call's object, checks its arguments, and
-/// forwards to the broker as this user. Single-threaded: sd-bus calls it from the event loop.
+/// forwards to the broker as this user. Only the event loop's thread touches it and the bus;
+/// a running prompt's authentication is on its own thread and hands back a `PromptOutcome`.
 public final class Agent {
     let bus: OpaquePointer
     let vault: Vault
     let options: AgentOptions
     let state = AgentState()
+    let inbox: LoopInbox
 
-    init(bus: OpaquePointer, options: AgentOptions) {
+    init(bus: OpaquePointer, options: AgentOptions, inbox: LoopInbox) {
         self.bus = bus
         self.options = options
+        self.inbox = inbox
         self.vault = Vault(socketPath: options.socketPath)
     }
 
@@ -75,6 +78,14 @@ public final class Agent {
         defer { sd_bus_message_unref(out) }
         try body(MessageWriter(m: out))
         _ = sd_bus_send(nil, out, nil)
+    }
+
+    /// An empty reply; false when it could not be queued (the caller is gone).
+    func replyChecked(_ call: OpaquePointer) throws(BusError) -> Bool {
+        var out: OpaquePointer?
+        guard sd_bus_message_new_method_return(call, &out) >= 0, let out else { throw .failed("cannot build a reply") }
+        defer { sd_bus_message_unref(out) }
+        return sd_bus_send(nil, out, nil) >= 0
     }
 
     func signal(_ path: String, _ interface: String, _ member: String, _ body: (MessageWriter) -> Void) {
@@ -159,7 +170,8 @@ public final class Agent {
         do throws(KeyholdError) {
             s = try vault.secret(service: i.service, account: i.account, claimedPID: claimedPID)
         } catch .interactionNotAllowed {
-            state.unlockedUntil[i.id] = nil
+            // The broker's window ended first: locked here too, and said so.
+            if state.unlockedUntil.removeValue(forKey: i.id) != nil { announceLocked(i.id, true) }
             throw .isLocked
         } catch {
             throw Self.busError(error)

@@ -10,6 +10,7 @@ public enum AgentStartError: Error, Equatable {
     case noBus(String)
     case nameOwned
     case nameRequest(String)
+    case noWakeup
 
     public var message: String {
         switch self {
@@ -18,6 +19,7 @@ public enum AgentStartError: Error, Equatable {
         case .noBus(let m): "cannot connect to the session bus: \(m)"
         case .nameOwned: "org.freedesktop.secrets is already owned by another program (stop it, or pass --replace)"
         case .nameRequest(let m): "cannot own org.freedesktop.secrets: \(m)"
+        case .noWakeup: "cannot create the event loop's wake-up descriptor (eventfd)"
         }
     }
 
@@ -99,7 +101,8 @@ extension Agent {
         guard rc >= 0, let bus = busOut else { throw .noBus(String(cString: strerror(-rc))) }
         defer { sd_bus_flush_close_unref(bus) }
 
-        let agent = Agent(bus: bus, options: options)
+        guard let inbox = LoopInbox() else { throw .noWakeup }
+        let agent = Agent(bus: bus, options: options, inbox: inbox)
         let flags = LoopFlags()
         let agentPtr = Unmanaged.passUnretained(agent).toOpaque()
         let flagsPtr = Unmanaged.passUnretained(flags).toOpaque()
@@ -116,14 +119,7 @@ extension Agent {
         if req == -EEXIST { throw .nameOwned }
         guard req >= 0 else { throw .nameRequest(String(cString: strerror(-req))) }
 
-        while ckss_terminated() == 0 && !flags.nameLost {
-            let r = sd_bus_process(bus, nil)
-            if r < 0 { break }  // the bus went away
-            if r > 0 { continue }
-            // Bounded wait: SIGTERM between the check and the wait is seen within a second.
-            let w = sd_bus_wait(bus, 1_000_000)
-            if w < 0 && w != -EINTR { break }
-        }
+        agent.serve(flags)
         withExtendedLifetime(agent) {}
         withExtendedLifetime(flags) {}
         return 0

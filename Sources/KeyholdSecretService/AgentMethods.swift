@@ -175,9 +175,9 @@ extension Agent {
             let path = SecretObject.itemPath(stored.id)
             try reply(c.m) { w in w.objectPath(path); w.objectPath("/") }
             if existing == nil {
-                announce(.created, item: stored.id)
+                announce(.created, item: stored.id, listed: true)
             } else {
-                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"])
+                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"], listed: true)
             }
         case "Delete":
             throw .notSupported("the login collection cannot be deleted")

@@ -7,14 +7,54 @@ import KeyholdProtocol
 
 /// Answers the broker's authentication prompts during an unlock: `$KEYHOLD_ASKPASS` for a
 /// password (as the CLI does), nothing else. Without it the prompt is canceled; a fingerprint
-/// needs no answer (the broker's PAM conversation only shows notices).
+/// needs no answer (the broker's PAM conversation only shows notices). Once the prompt is
+/// dismissed or its client left, every further question is canceled.
 final class AskpassInteraction: Interaction {
+    let cancel: PromptCancel
+    init(cancel: PromptCancel) { self.cancel = cancel }
+
     func answer(_ prompt: KeyholdProtocol.Prompt) -> SecureBytes? {
-        guard let p = getenv("KEYHOLD_ASKPASS"), p.pointee != 0 else { return nil }
+        guard !cancel.isCanceled, let p = getenv("KEYHOLD_ASKPASS"), p.pointee != 0 else { return nil }
         return Askpass.ask(String(cString: p), prompt: prompt.text)
     }
 
     func show(_ notice: Notice) {}
+}
+
+/// One running prompt's work, done on its own thread: the broker runs each item's policy
+/// (it may wait long on a finger or an askpass answer). Holds no bus object.
+struct PromptJob: Sendable {
+    struct Target: Sendable {
+        let id: String
+        let service: String
+        let account: String
+        let windowSeconds: Int64
+    }
+
+    let path: String
+    let targets: [Target]
+    let claimedPID: Int32?
+    let vault: Vault
+    let cancel: PromptCancel
+
+    func run() -> PromptOutcome {
+        var unlocked: [PromptOutcome.Unlock] = []
+        for t in targets where !cancel.isCanceled {
+            // The window counts from before the broker's grant, never past the broker's own.
+            let asked = AgentState.now()
+            do throws(KeyholdError) {
+                // The secret the broker releases is dropped at once: the unlock is the broker's
+                // reuse grant, not a copy held here.
+                let s = try vault.secret(service: t.service, account: t.account, claimedPID: claimedPID,
+                                         reason: "unlock", interaction: AskpassInteraction(cancel: cancel))
+                s.wipe()
+                unlocked.append(PromptOutcome.Unlock(id: t.id, until: asked + t.windowSeconds * 1_000_000))
+            } catch {
+                continue
+            }
+        }
+        return PromptOutcome(path: path, unlocked: unlocked)
+    }
 }
 
 extension Agent {
@@ -35,44 +75,54 @@ extension Agent {
     }
 
     func promptMethod(_ path: String, _ c: Call) throws(BusError) {
-        guard let entry = state.prompts[path], entry.owner == c.sender else { throw .noSuchObject }
+        let owner = state.prompts[path]?.owner ?? state.running[path]?.owner
+        guard owner == c.sender else { throw .noSuchObject }
         switch c.member {
         case "Prompt":
             try c.r.requireSignature("s")
             _ = try c.r.string()  // window id: there is no window to parent to
-            state.prompts[path] = nil
-            try reply(c.m) { _ in }
-            _ = sd_bus_flush(bus)
-            let pid = claimedPID(c.m)
-            var done: [String] = []
+            guard let entry = state.prompts[path] else { throw .failed("the prompt is already running") }
+            guard state.running.count < AgentState.maxRunningPrompts,
+                  state.running.values.filter({ $0.owner == c.sender }).count < AgentState.maxRunningPromptsPerClient else {
+                throw .limitsExceeded("too many prompts running; call Prompt again when one has completed")
+            }
+            var targets: [PromptJob.Target] = []
             for id in entry.itemIDs {
                 guard let i = try? item(id) else { continue }
-                // The broker runs the item's policy; the secret it releases is dropped at once:
-                // the unlock is the broker's reuse grant, not a copy held here.
-                // The window is counted from before the broker's grant, so the agent never
-                // calls an item unlocked that the broker would refuse (an IsLocked on read).
-                let asked = AgentState.now()
-                do throws(KeyholdError) {
-                    let s = try vault.secret(service: i.service, account: i.account, claimedPID: pid,
-                                             reason: "unlock", interaction: AskpassInteraction())
-                    s.wipe()
-                    let window = Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))
-                    state.unlockedUntil[id] = asked + window * 1_000_000
-                    done.append(SecretObject.itemPath(id))
-                } catch {
-                    continue
-                }
+                targets.append(PromptJob.Target(id: id, service: i.service, account: i.account,
+                                                windowSeconds: Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))))
             }
-            completed(path, dismissed: done.isEmpty, done)
-            for p in done { if case .item(let id)? = SecretObject.resolve(p) { announceLocked(id, false) } }
+            state.prompts[path] = nil
+            // A reply that cannot be sent means the client is gone: nothing is started for it.
+            guard (try? replyChecked(c.m)) == true else { return }
+            let cancel = PromptCancel()
+            let job = PromptJob(path: path, targets: targets, claimedPID: claimedPID(c.m), vault: vault, cancel: cancel)
+            state.running[path] = AgentState.RunningPrompt(owner: c.sender, cancel: cancel)
+            let inbox = self.inbox
+            guard PromptThread.start({ inbox.post(job.run()) }) else {
+                state.running[path] = nil
+                completed(path, dismissed: true, [])
+                return
+            }
         case "Dismiss":
             try c.r.requireSignature("")
             state.prompts[path] = nil
+            // A running prompt's thread stops asking; whatever it still gets from the broker is dropped.
+            state.running.removeValue(forKey: path)?.cancel.cancel()
             try reply(c.m) { _ in }
             completed(path, dismissed: true, [])
         default:
             throw .unknownMethod("no method \(c.member) on a Prompt")
         }
+    }
+
+    /// On the loop thread: a prompt thread's outcome becomes the unlock state and the signals.
+    func finishPrompt(_ outcome: PromptOutcome) {
+        // Dismissed, or its client left the bus: nothing of it is kept.
+        guard state.running.removeValue(forKey: outcome.path) != nil else { return }
+        for u in outcome.unlocked { state.unlockedUntil[u.id] = max(state.unlockedUntil[u.id] ?? 0, u.until) }
+        completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) })
+        for u in outcome.unlocked { announceLocked(u.id, false) }
     }
 
     func completed(_ path: String, dismissed: Bool, _ unlocked: [String]) {

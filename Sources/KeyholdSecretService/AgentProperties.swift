@@ -26,25 +26,33 @@ extension Agent {
             return (Interface.service, [("Collections", .paths([SecretObject.collectionPath]))])
         case .collection:
             try refreshItems()
-            let items = state.items.values.sorted { $0.createdAt < $1.createdAt }
-            let modified = items.map(\.updatedAt).max() ?? 0
-            return (Interface.collection, [
-                ("Items", .paths(items.map { SecretObject.itemPath($0.id) })), ("Label", .string("Login")),
-                ("Locked", .bool(false)), ("Created", .uint64(0)), ("Modified", .uint64(UInt64(max(0, modified / 1_000_000)))),
-            ])
+            return (Interface.collection, collectionValues())
         case .item(let id):
-            let i = try item(id)
-            return (Interface.item, [
-                ("Locked", .bool(state.isLocked(i))), ("Attributes", .map(attributes(of: i))),
-                ("Label", .string(LabelEncoding.decode(i.label).label)), ("Type", .string("")),
-                ("Created", .uint64(UInt64(max(0, i.createdAt / 1_000_000)))),
-                ("Modified", .uint64(UInt64(max(0, i.updatedAt / 1_000_000)))),
-            ])
+            return (Interface.item, itemValues(try item(id)))
         case .session:
             return (Interface.session, [])
         case .prompt:
             return (Interface.prompt, [])
         }
+    }
+
+    /// The collection's properties from the item list last read (the caller refreshes it).
+    func collectionValues() -> [(String, Value)] {
+        let items = state.items.values.sorted { $0.createdAt < $1.createdAt }
+        let modified = items.map(\.updatedAt).max() ?? 0
+        return [
+            ("Items", .paths(items.map { SecretObject.itemPath($0.id) })), ("Label", .string("Login")),
+            ("Locked", .bool(false)), ("Created", .uint64(0)), ("Modified", .uint64(UInt64(max(0, modified / 1_000_000)))),
+        ]
+    }
+
+    func itemValues(_ i: ItemInfo) -> [(String, Value)] {
+        [
+            ("Locked", .bool(state.isLocked(i))), ("Attributes", .map(attributes(of: i))),
+            ("Label", .string(LabelEncoding.decode(i.label).label)), ("Type", .string("")),
+            ("Created", .uint64(UInt64(max(0, i.createdAt / 1_000_000)))),
+            ("Modified", .uint64(UInt64(max(0, i.updatedAt / 1_000_000)))),
+        ]
     }
 
     func properties(_ object: SecretObject, _ c: Call) throws(BusError) {

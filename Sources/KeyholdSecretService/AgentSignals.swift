@@ -4,9 +4,9 @@ import CSystemd
 /// org.freedesktop.DBus.Properties.PropertiesChanged, so clients that cache (KDE, browsers,
 /// seahorse) see changes made by other clients.
 ///
-/// Changed properties are sent as *invalidated* (names without values) except where the value
-/// is known without asking the broker: reading an item's new label or modification time would
-/// cost a listing of the user's items per change. A client re-reads an invalidated property.
+/// Changed properties carry their values (as the specification and KeePassXC do): they come
+/// from one listing of the user's items after the change, since the broker sets Modified. Only
+/// if that listing fails are they sent as invalidated names, for the client to re-read.
 /// The one collection is never created or deleted, so CollectionCreated/Deleted never fire.
 extension Agent {
     enum ItemEvent {
@@ -22,23 +22,33 @@ extension Agent {
     }
 
     /// Announces a change of item `id`; `changedProperties` are the item's properties that
-    /// changed (for `.changed`).
-    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = []) {
+    /// changed (for `.changed`). `listed`: the item list was read after the change already.
+    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], listed: Bool = false) {
         let path = SecretObject.itemPath(id)
         signal(SecretObject.collectionPath, Interface.collection, event.member) { $0.objectPath(path) }
+        let fresh = listed || (try? refreshItems()) != nil
         switch event {
         case .created, .deleted:
-            propertiesChanged(SecretObject.collectionPath, Interface.collection, invalidated: ["Items", "Modified"])
+            changedValues(SecretObject.collectionPath, Interface.collection, ["Items", "Modified"], fresh ? collectionValues() : nil)
         case .changed:
-            propertiesChanged(path, Interface.item, invalidated: changedProperties)
-            propertiesChanged(SecretObject.collectionPath, Interface.collection, invalidated: ["Modified"])
+            changedValues(path, Interface.item, changedProperties, fresh ? state.items[id].map(itemValues) : nil)
+            changedValues(SecretObject.collectionPath, Interface.collection, ["Modified"], fresh ? collectionValues() : nil)
         }
         signal(SecretObject.servicePath, Interface.service, "CollectionChanged") { $0.objectPath(SecretObject.collectionPath) }
     }
 
-    /// An item's lock state changed (unlocked by a prompt, or locked by Lock).
+    /// PropertiesChanged for `names`, with their values from `values` when known.
+    func changedValues(_ path: String, _ interface: String, _ names: [String], _ values: [(String, Value)]?) {
+        guard let values else { return propertiesChanged(path, interface, invalidated: names) }
+        propertiesChanged(path, interface, changed: values.filter { names.contains($0.0) })
+    }
+
+    /// An item's lock state changed (unlocked by a prompt, locked by Lock, or its reuse window
+    /// ended): its Locked property, and ItemChanged on the collection.
     func announceLocked(_ id: String, _ locked: Bool) {
-        propertiesChanged(SecretObject.itemPath(id), Interface.item, changed: [("Locked", .bool(locked))])
+        let path = SecretObject.itemPath(id)
+        propertiesChanged(path, Interface.item, changed: [("Locked", .bool(locked))])
+        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(path) }
     }
 
     func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = []) {

@@ -21,6 +21,10 @@ final class AgentState {
     static let maxSessions = 1024
     static let maxSessionsPerClient = 64
     static let maxPrompts = 256
+    /// Prompts whose authentication runs at once, each on its own thread; per client, so one
+    /// client cannot hold every slot.
+    static let maxRunningPrompts = 8
+    static let maxRunningPromptsPerClient = 2
 
     struct SessionEntry {
         let owner: String
@@ -32,8 +36,15 @@ final class AgentState {
         let itemIDs: [String]
     }
 
+    /// A prompt whose authentication runs on its thread (no longer in `prompts`).
+    struct RunningPrompt {
+        let owner: String
+        let cancel: PromptCancel
+    }
+
     var sessions: [String: SessionEntry] = [:]
     var prompts: [String: PromptEntry] = [:]
+    var running: [String: RunningPrompt] = [:]
     private var nextSession = 1
     private var nextPrompt = 1
     /// Metadata of the caller's items by id, from the last listing.
@@ -66,10 +77,15 @@ final class AgentState {
         return path
     }
 
-    /// A client left the bus: its sessions and prompts go with it.
+    /// A client left the bus: its sessions and prompts go with it; its running prompts stop
+    /// asking, and their outcomes are dropped when they come.
     func forget(client: String) {
         sessions = sessions.filter { $0.value.owner != client }
         prompts = prompts.filter { $0.value.owner != client }
+        for (path, p) in running where p.owner == client {
+            p.cancel.cancel()
+            running[path] = nil
+        }
     }
 
     static func now() -> Int64 { MonotonicClock.microseconds() }

@@ -28,6 +28,11 @@ import KeyholdTestSupport
         #expect(rows.contains { $0.contains("\"account\":\"ann\"") && $0.contains("\"decision\":\"denied\"") && $0.contains("\"outcome\":\"not-authorized\"") },
                 "\(audit.stdoutText)")
         #expect(!rows.contains { $0.contains("\"operation\":\"get\"") && $0.contains("\"decision\":\"granted\"") }, "\(audit.stdoutText)")
+        // Recorded under the operation asked for (a read), with why: the claimed pid is another uid's.
+        #expect(rows.contains { $0.contains("\"operation\":\"get\"") && $0.contains("\"decision\":\"denied\"")
+                    && $0.contains("claimed requester (pid ") && $0.contains("runs as uid \(guest.uid), not as the caller") },
+                "\(audit.stdoutText)")
+        #expect(!rows.contains { $0.contains("\"operation\":\"invalid\"") }, "\(audit.stdoutText)")
         // The owner still reads it.
         #expect(f.secretTool(["lookup", "service", "claim", "account", "ann"]).stdoutText == "mine")
     }

@@ -61,4 +61,78 @@ import KeyholdTestSupport
         #expect(f.secretTool(["clear", "service", "sig", "account", "ann"]).status == 0)
         #expect(waitFor(f, "member=ItemDeleted"), "\(f.log("signals.log"))")
     }
+
+    /// A python prelude: subscribes (AddMatch) to the agent's signals; `wait_for` reads a
+    /// filter (open it with a large bufsize: jeepney drops what a full queue cannot take).
+    static let listener = """
+        import secretstorage, sys
+        from jeepney import MatchRule, MessageType
+        from jeepney.bus_messages import message_bus
+        from jeepney.io.blocking import Proxy
+        conn = secretstorage.dbus_init()
+        rule = MatchRule(type=MessageType.signal, sender="org.freedesktop.secrets")
+        Proxy(message_bus, conn).AddMatch(rule)
+        coll = secretstorage.get_default_collection(conn)
+        def wait_for(signals, what, limit=200):
+            # Bounded: at most `limit` signals, each awaited for at most 60 s.
+            for _ in range(limit):
+                m = conn.recv_until_filtered(signals, timeout=60)
+                if what(m):
+                    return m
+            return None
+
+        """
+
+    @Test func propertiesChangedCarriesTheValues() throws {
+        let f = try SecretServiceFixture()
+        #expect(f.secretTool(["store", "--label=one", "service", "val", "account", "ann"], stdin: "v1").status == 0)
+        let r = f.python(Self.listener + """
+            it = next(coll.search_items({"service": "val", "account": "ann"}))
+            rule = MatchRule(type=MessageType.signal, interface="org.freedesktop.DBus.Properties", member="PropertiesChanged", path=it.item_path)
+            with conn.filter(rule, bufsize=100) as signals:
+                it.set_label("two")
+                m = wait_for(signals, lambda m: m.body[0] == "org.freedesktop.Secret.Item")
+                print("item", m.body[0], sorted(m.body[1].items()), m.body[2])
+            # Signals name the collection by its own path (secretstorage holds the alias's).
+            login = "/org/freedesktop/secrets/collection/login"
+            rule = MatchRule(type=MessageType.signal, interface="org.freedesktop.DBus.Properties", member="PropertiesChanged", path=login)
+            with conn.filter(rule, bufsize=100) as signals:
+                coll.create_item("three", {"service": "val", "account": "bob"}, b"v3")
+                m = wait_for(signals, lambda m: "Items" in m.body[1])
+                paths = m.body[1]["Items"][1]
+                print("items", len(paths), all(p.startswith(login + "/") for p in paths))
+            """)
+        #expect(r.status == 0, "\(r.stderr) \(f.log("agent.log"))")
+        // The new label and the broker's modification time, as values (nothing invalidated).
+        #expect(r.stdoutText.contains("item org.freedesktop.Secret.Item [('Label', ('s', 'two')), ('Modified', ('t', "), "\(r.stdoutText)")
+        #expect(r.stdoutText.contains(")] []"), "\(r.stdoutText)")
+        #expect(r.stdoutText.contains("items 2 True"), "\(r.stdoutText)")
+    }
+
+    /// When an unlocked item's reuse window ends, a listener is told: Locked = true on the item
+    /// and ItemChanged on the collection (waited for, bounded; no upper time asserted).
+    @Test func theEndOfAReuseWindowIsSignalled() throws {
+        let f = try SecretServiceFixture(startAgent: false)
+        #expect(f.cli(["put", "lapse", "ann", "--policy", "device-passcode", "--reuse", "3"], stdin: "gated").status == 0)
+        try f.startAgent(environment: ["KEYHOLD_ASKPASS": f.broker.askpass(answering: "right", name: "ap-lapse")])
+        let r = f.python(Self.listener + """
+            it = next(coll.search_items({"service": "lapse"}))
+            locked = MatchRule(type=MessageType.signal, interface="org.freedesktop.DBus.Properties", member="PropertiesChanged", path=it.item_path)
+            changed = MatchRule(type=MessageType.signal, interface="org.freedesktop.Secret.Collection", member="ItemChanged")
+            with conn.filter(locked, bufsize=100) as props, conn.filter(changed, bufsize=100) as items:
+                print("dismissed", it.unlock())
+                m = wait_for(props, lambda m: m.body[1].get("Locked") == ("b", True))
+                print("relocked", m is not None and m.body[1]["Locked"])
+                # One ItemChanged for the unlock, one for the lapse.
+                m = wait_for(items, lambda m: m.body[0] == it.item_path)
+                m = m and wait_for(items, lambda m: m.body[0] == it.item_path)
+                print("item-changed", m is not None)
+            print("locked-now", it.is_locked())
+            """)
+        #expect(r.status == 0, "\(r.stderr) \(f.log("agent.log"))")
+        #expect(r.stdoutText.contains("dismissed False"), "\(r.stdoutText)")
+        #expect(r.stdoutText.contains("relocked ('b', True)"), "\(r.stdoutText)")
+        #expect(r.stdoutText.contains("item-changed True"), "\(r.stdoutText)")
+        #expect(r.stdoutText.contains("locked-now True"), "\(r.stdoutText)")
+    }
 }

@@ -32,6 +32,9 @@ int ckss_random(uint8_t *out, size_t len);
 void ckss_install_termination_handler(void);
 int ckss_terminated(void);
 
+/* A non-blocking, close-on-exec eventfd: prompt threads wake the event loop with it. */
+int ckss_eventfd(void);
+
 /* Wipes memory the compiler may not elide. */
 void ckss_wipe(void *p, size_t len);
 

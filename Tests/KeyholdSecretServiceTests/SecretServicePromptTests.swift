@@ -1,0 +1,155 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdTestSupport
+
+/// A running prompt does not hold the agent: its authentication runs on its own thread, so
+/// other clients are answered while it waits; a client that leaves mid-prompt leaves nothing.
+/// Ordering is forced by an askpass that waits for the test's go-ahead (bounded), never by time.
+@Suite(.serialized) struct SecretServicePromptTests {
+    /// A gated item (`gate`/`ann`), an open one (`open`/`bob`), and an agent whose askpass
+    /// marks that it started, waits for `askpass-go` (at most 60 s), marks that it answered.
+    func fixture() throws -> SecretServiceFixture {
+        let f = try SecretServiceFixture(startAgent: false)
+        #expect(f.cli(["put", "gate", "ann", "--policy", "device-passcode", "--reuse", "120"], stdin: "gated-secret").status == 0)
+        #expect(f.cli(["put", "open", "bob", "--policy", "none"], stdin: "open-secret").status == 0)
+        let askpass = f.directory + "/slow-askpass"
+        let body = """
+            #!/bin/sh
+            : > \(f.directory)/askpass-started
+            i=0
+            while [ ! -e \(f.directory)/askpass-go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+            : > \(f.directory)/askpass-answered
+            printf '%s\\n' 'right'
+
+            """
+        _ = FileManager.default.createFile(atPath: askpass, contents: Data(body.utf8))
+        chmod(askpass, 0o755)
+        try f.startAgent(environment: ["KEYHOLD_ASKPASS": askpass])
+        return f
+    }
+
+    /// Client A: unlock the gated item (waits on the prompt), then read it; results in `out`.
+    func startUnlockingClient(_ f: SecretServiceFixture, out: String) throws -> Process {
+        let script = f.directory + "/unlock.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data("""
+            import secretstorage, sys
+            c = secretstorage.get_default_collection(secretstorage.dbus_init())
+            it = next(iter(c.search_items({"service": "gate", "account": "ann"})))
+            dismissed = it.unlock()
+            with open(sys.argv[1], "w") as out:
+                out.write("dismissed %s\\n" % dismissed)
+                out.write("secret %r\\n" % (it.get_secret(),))
+
+            """.utf8))
+        chmod(script, 0o644)
+        return try f.spawn("/usr/bin/python3", [script, out], log: "unlock.log")
+    }
+
+    func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: path) }
+
+    /// Waits (bounded) for `path` to exist.
+    func waitFor(_ path: String) -> Bool {
+        for _ in 0..<3000 where !exists(path) { usleep(20_000) }
+        return exists(path)
+    }
+
+    @Test func anotherClientIsAnsweredWhileAPromptWaits() throws {
+        let f = try fixture()
+        let out = f.directory + "/unlock.out"
+        let a = try startUnlockingClient(f, out: out)
+        defer { if a.isRunning { kill(a.processIdentifier, SIGKILL); a.waitUntilExit() } }
+        #expect(waitFor(f.directory + "/askpass-started"), "the prompt did not reach the askpass: \(f.log("agent.log")) \(f.log("unlock.log"))")
+
+        // While A's askpass waits for the go-ahead, B searches and reads an open item.
+        let lookup = f.secretTool(["lookup", "service", "open", "account", "bob"])
+        #expect(lookup.status == 0 && lookup.stdoutText == "open-secret", "\(lookup.stderr)")
+        let search = f.python("""
+            import secretstorage
+            c = secretstorage.get_default_collection(secretstorage.dbus_init())
+            print(sorted(i.get_secret() for i in c.search_items({"service": "open"})))
+            """)
+        #expect(search.stdoutText.contains("[b'open-secret']"), "\(search.stdoutText) \(search.stderr)")
+        // B was answered before A's prompt got its answer.
+        #expect(!exists(f.directory + "/askpass-answered"))
+        #expect(!exists(out) && a.isRunning)
+
+        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
+        #expect(a.waitForExit(seconds: 120), "the unlocking client did not finish")
+        let result = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
+        #expect(result.contains("dismissed False"), "\(result) \(f.log("unlock.log"))")
+        #expect(result.contains("secret b'gated-secret'"), "\(result)")
+    }
+
+    @Test func aClientThatLeavesMidPromptLeavesNothingBehind() throws {
+        let f = try fixture()
+        let a = try startUnlockingClient(f, out: f.directory + "/unlock.out")
+        #expect(waitFor(f.directory + "/askpass-started"), "\(f.log("agent.log"))")
+        kill(a.processIdentifier, SIGKILL)
+        a.waitUntilExit()
+
+        // The agent keeps serving, and the askpass's late answer unlocks nothing.
+        #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
+        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
+        #expect(waitFor(f.directory + "/askpass-answered"))
+        // The broker's grant for the abandoned prompt lands in the audit; wait for it (bounded).
+        var audited = false
+        for _ in 0..<500 where !audited {
+            audited = f.cli(["audit", "--json", "--item", "gate/ann"]).stdoutText.contains("\"decision\":\"granted\"")
+            if !audited { usleep(20_000) }
+        }
+        let probe = f.python("""
+            import secretstorage
+            c = secretstorage.get_default_collection(secretstorage.dbus_init())
+            it = next(iter(c.search_items({"service": "gate", "account": "ann"})))
+            print("locked", it.is_locked())
+            """)
+        #expect(probe.stdoutText.contains("locked True"), "\(probe.stdoutText) \(probe.stderr)")
+        #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
+    }
+
+    /// Running prompts are bounded per client (2): a third Prompt() while two run is
+    /// LimitsExceeded. The second stays running because the broker answers its authentication
+    /// *busy* while the first waits, and the client library retries that for 3 s; the three
+    /// calls are back to back. After the askpass answers, the first completes unlocked; the
+    /// second may get the broker's new grant or give up busy, so only its completion is checked.
+    @Test func runningPromptsAreCappedPerClient() throws {
+        let f = try fixture()
+        let script = f.directory + "/cap.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data("""
+            import secretstorage, sys
+            from jeepney import DBusAddress, new_method_call, MatchRule, MessageType
+            from jeepney.low_level import HeaderFields
+            conn = secretstorage.dbus_init()
+            c = secretstorage.get_default_collection(conn)
+            it = next(iter(c.search_items({"service": "gate", "account": "ann"})))
+            svc = DBusAddress("/org/freedesktop/secrets", "org.freedesktop.secrets", "org.freedesktop.Secret.Service")
+            prompts = [conn.send_and_get_reply(new_method_call(svc, "Unlock", "ao", ([it.item_path],))).body[1] for _ in range(3)]
+            rule = MatchRule(interface="org.freedesktop.Secret.Prompt", member="Completed", type=MessageType.signal)
+            with conn.filter(rule, bufsize=10) as signals:
+                for p in prompts:
+                    # jeepney hands back an error reply as a message (it raises only when unwrapping).
+                    reply = conn.send_and_get_reply(new_method_call(DBusAddress(p, "org.freedesktop.secrets", "org.freedesktop.Secret.Prompt"), "Prompt", "s", ("",)))
+                    if reply.header.message_type == MessageType.error:
+                        print("refused", reply.header.fields[HeaderFields.error_name], flush=True)
+                    else:
+                        print("started", flush=True)
+                open(sys.argv[1], "w").close()
+                for _ in range(2):
+                    print("completed", conn.recv_until_filtered(signals, timeout=120).body[0], flush=True)
+
+            """.utf8))
+        chmod(script, 0o644)
+        let marker = f.directory + "/cap-asked"
+        let r = try f.spawn("/bin/sh", ["-c", "exec /usr/bin/python3 \(script) \(marker) > \(f.directory)/cap.out"], log: "cap.log")
+        defer { if r.isRunning { kill(r.processIdentifier, SIGKILL); r.waitUntilExit() } }
+        #expect(waitFor(marker), "\(f.log("cap.log")) \(f.log("agent.log"))")
+        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
+        #expect(r.waitForExit(seconds: 150))
+        let out = f.log("cap.out")
+        #expect(out.components(separatedBy: "started").count - 1 == 2, "\(out) \(f.log("cap.log"))")
+        #expect(out.contains("refused org.freedesktop.DBus.Error.LimitsExceeded"), "\(out)")
+        #expect(out.components(separatedBy: "completed ").count - 1 == 2, "\(out)")
+        #expect(out.contains("completed False"), "\(out)")
+    }
+}
