@@ -59,8 +59,7 @@ extension Session {
         case .audit: r.withRows ? .auditExport : .auditRead
         case .auditVerify, .auditVerifyExport: .auditVerify
         case .auditPrune: .auditPrune
-        // Operations added later are recorded as invalid until they are named here.
-        @unknown default: .invalid
+        case .search: .search
         }
     }
 

@@ -37,20 +37,32 @@ struct PromptJob: Sendable {
     let vault: Vault
     let cancel: PromptCancel
 
+    /// How long a prompt waits while the broker is busy with another authentication of this
+    /// user (one at a time per uid): as long as that one may take (the askpass limit), and no
+    /// longer once the prompt is dismissed or its client leaves.
+    static let busyWaitMilliseconds: Int64 = 130_000
+
     func run() -> PromptOutcome {
         var unlocked: [PromptOutcome.Unlock] = []
+        let deadline = MonotonicClock.milliseconds() + Self.busyWaitMilliseconds
         for t in targets where !cancel.isCanceled {
-            // The window counts from before the broker's grant, never past the broker's own.
-            let asked = AgentState.now()
-            do throws(KeyholdError) {
-                // The secret the broker releases is dropped at once: the unlock is the broker's
-                // reuse grant, not a copy held here.
-                let s = try vault.secret(service: t.service, account: t.account, claimedPID: claimedPID,
-                                         reason: "unlock", interaction: AskpassInteraction(cancel: cancel))
-                s.wipe()
-                unlocked.append(PromptOutcome.Unlock(id: t.id, until: asked + t.windowSeconds * 1_000_000))
-            } catch {
-                continue
+            while !cancel.isCanceled {
+                // The window counts from before the broker's grant, never past the broker's own.
+                let asked = AgentState.now()
+                do throws(KeyholdError) {
+                    // The secret the broker releases is dropped at once: the unlock is the
+                    // broker's reuse grant, not a copy held here.
+                    let s = try vault.secret(service: t.service, account: t.account, claimedPID: claimedPID,
+                                             reason: "unlock", interaction: AskpassInteraction(cancel: cancel))
+                    s.wipe()
+                    unlocked.append(PromptOutcome.Unlock(id: t.id, until: asked + t.windowSeconds * 1_000_000))
+                } catch .busy where MonotonicClock.milliseconds() < deadline {
+                    // Another prompt of this user is authenticating: queue behind it (its grant
+                    // may then satisfy this item through the reuse window).
+                    usleep(100_000)
+                    continue
+                } catch {}
+                break
             }
         }
         return PromptOutcome(path: path, unlocked: unlocked)
