@@ -86,7 +86,6 @@ extension VaultStore {
 
     /// The tags, rarest first (rows counted up to a cap), so a query that pairs a common tag
     /// (`service=…` of 10,000 items) with a rare one walks the rare one's rows.
-
     private func drivingOrder(_ tags: [[UInt8]]) throws(DatabaseError) -> [[UInt8]] {
         guard tags.count > 1 else { return tags }
         var counted: [(tag: [UInt8], rows: Int64)] = []
