@@ -18,3 +18,22 @@ func verifyExisting(_ stateDirectory: String, repeats: Int) {
     }
     store.close()
 }
+
+func benchAuditEntry(_ i: Int) -> AuditRecord {
+    AuditRecord(callerUID: 0, callerPID: 1, executable: "/usr/bin/bench", operation: .get, itemID: nil,
+                service: "bench.example", account: "user-\(i)", decision: .granted, method: .none,
+                reason: nil, outcome: .ok)
+}
+
+/// Appends entries `from..<to`, 10,000 per commit (the chain is the same as one commit each;
+/// only the fsyncs are saved).
+func seedAudit(_ store: VaultStore, from: Int, to: Int) {
+    var next = from
+    while next < to {
+        let upTo = min(to, next + 10_000)
+        precondition(store.groupTransaction {
+            for i in next..<upTo { try! store.memberTransaction { () throws(StoreError) in try store.append(benchAuditEntry(i)) } }
+        })
+        next = upTo
+    }
+}

@@ -8,6 +8,7 @@ import KeyholdVault
 // Run on demand (README: "Benchmark"), never in CI. Prints a table of percentiles and ratios.
 //   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only | --verify-state DIR
 //     | --fill-state DIR --owner UID --from A --to B (Secret Service benchmark's items)
+//     | --seed-audit DIR --entries N (a log to profile `--verify-state` on)
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
@@ -17,6 +18,12 @@ func option(_ name: String, _ fallback: Int) -> Int {
 }
 if let i = args.firstIndex(of: "--fill-state"), i + 1 < args.count {
     fillState(args[i + 1], owner: UInt32(option("--owner", 0)), from: option("--from", 1), to: option("--to", 0))
+    exit(0)
+}
+if let i = args.firstIndex(of: "--seed-audit"), i + 1 < args.count {
+    let store = try! VaultStore.open(stateDirectory: args[i + 1])
+    seedAudit(store, from: 0, to: option("--entries", 1_000_000))
+    store.close()
     exit(0)
 }
 if let i = args.firstIndex(of: "--verify-state"), i + 1 < args.count {
@@ -206,28 +213,17 @@ broker.waitUntilExit()
 if auditEntries > 0 {
     let auditDir = dir + "/audit"
     let store = try! VaultStore.open(stateDirectory: auditDir)
-    func entry(_ i: Int) -> AuditRecord {
-        AuditRecord(callerUID: 0, callerPID: 1, executable: "/usr/bin/bench", operation: .get, itemID: nil,
-                    service: "bench.example", account: "user-\(i)", decision: .granted, method: .none,
-                    reason: nil, outcome: .ok)
-    }
     // The append cost: each entry its own fsynced commit, as a lone caller's is.
     let timed = min(auditEntries, 5_000)
     var appendTimes: [Double] = []
     appendTimes.reserveCapacity(timed)
     for i in 0..<timed {
         let a = now()
-        try! store.append(entry(i))
+        try! store.append(benchAuditEntry(i))
         appendTimes.append(now() - a)
     }
     report("audit append (store, committed), p50 / p99", "\(ms(percentile(appendTimes, 0.5))) / \(ms(percentile(appendTimes, 0.99)))", "\(timed) entries, one commit each")
-    // The rest is seeded 10,000 entries per commit (the chain is the same; only fsyncs are saved).
-    var next = timed
-    while next < auditEntries {
-        let upTo = min(auditEntries, next + 10_000)
-        precondition(store.groupTransaction { for i in next..<upTo { try! store.memberTransaction { () throws(StoreError) in try store.append(entry(i)) } } })
-        next = upTo
-    }
+    seedAudit(store, from: timed, to: auditEntries)
     let v0 = now()
     let verification = try! store.verifyAudit()
     let vt = now() - v0

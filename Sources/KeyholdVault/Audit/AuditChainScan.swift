@@ -84,6 +84,9 @@ private struct AuditSliceScanner {
             return nil
         }
         sqlite3_busy_timeout(handle, 5000)
+        // Read pages in place rather than copied into SQLite's cache (a sequential scan of the
+        // whole log; read-only, so a damaged file can only fail a read, never be written).
+        sqlite3_exec(handle, "PRAGMA mmap_size = 1073741824", nil, nil, nil)
         db = handle
         self.key = key
     }
@@ -127,23 +130,21 @@ private struct AuditSliceScanner {
         absorb(tagBase, "keyhold audit entry v1")
         // input = len ‖ previous ‖ seq ‖ fields: the MAC covers all of it, the entry tag the fields.
         let fieldsStart = 4 + KeyedHash.byteCount + 8
-        var input: [UInt8] = []
-        input.reserveCapacity(1024)
+        var input = EntryBuffer()
+        defer { input.free() }
         var macDigest = [UInt8](repeating: 0, count: KeyedHash.byteCount), tagDigest = macDigest
         var expected = after + 1
         while true {
             let rc = sqlite3_step(stmt)
             if rc == SQLITE_DONE { break }
             guard rc == SQLITE_ROW, sqlite3_column_int64(stmt, 0) == expected, expected <= through else { return false }
-            input.removeAll(keepingCapacity: true)
-            Self.append(UInt32(KeyedHash.byteCount), to: &input)
-            input.append(contentsOf: previous)
-            Self.append(UInt64(bitPattern: expected), to: &input)
+            input.count = 0
+            input.append(UInt32(KeyedHash.byteCount))
+            previous.withUnsafeBytes { input.append($0.baseAddress!, $0.count) }
+            input.append(UInt64(bitPattern: expected))
             Self.appendFields(stmt, to: &input)
-            let intact = input.withUnsafeBufferPointer { m in
-                Self.hashEquals(from: macBase, work, stateSize, m.baseAddress!, m.count, stmt, column: 12, &macDigest)
-                    && Self.hashEquals(from: tagBase, work, stateSize, m.baseAddress! + fieldsStart, m.count - fieldsStart, stmt, column: 11, &tagDigest)
-            }
+            let intact = Self.hashEquals(from: macBase, work, stateSize, input.base, input.count, stmt, column: 12, &macDigest)
+                && Self.hashEquals(from: tagBase, work, stateSize, input.base + fieldsStart, input.count - fieldsStart, stmt, column: 11, &tagDigest)
             guard intact else { return false }
             // Verified: its stored MAC (equal to the digest) is what the next entry chains to.
             swap(&previous, &macDigest)
@@ -178,37 +179,79 @@ private struct AuditSliceScanner {
         return crypto_verify_32(digest, stored.assumingMemoryBound(to: UInt8.self)) == 0
     }
 
-    private static func append(_ v: UInt32, to out: inout [UInt8]) {
-        out.append(UInt8(truncatingIfNeeded: v >> 24)); out.append(UInt8(truncatingIfNeeded: v >> 16))
-        out.append(UInt8(truncatingIfNeeded: v >> 8)); out.append(UInt8(truncatingIfNeeded: v))
-    }
-
-    private static func append(_ v: UInt64, to out: inout [UInt8]) {
-        append(UInt32(truncatingIfNeeded: v >> 32), to: &out)
-        append(UInt32(truncatingIfNeeded: v), to: &out)
-    }
-
     /// Column `c` as `AuditRow` reads it (stored bytes; NULL as empty), length-prefixed.
-    private static func appendBytes(_ stmt: OpaquePointer, _ c: Int32, to out: inout [UInt8]) {
+    private static func appendBytes(_ stmt: OpaquePointer, _ c: Int32, to out: inout EntryBuffer) {
         let p = sqlite3_column_blob(stmt, c)
         let n = Int(sqlite3_column_bytes(stmt, c))
-        append(UInt32(n), to: &out)
-        if n > 0, let p { out.append(contentsOf: UnsafeRawBufferPointer(start: p, count: n)) }
+        out.append(UInt32(n))
+        if n > 0, let p { out.append(p, n) }
     }
 
-    private static func appendOptional(_ stmt: OpaquePointer, _ c: Int32, to out: inout [UInt8]) {
-        if sqlite3_column_type(stmt, c) == SQLITE_NULL { out.append(0); return }
-        out.append(1)
+    private static func appendOptional(_ stmt: OpaquePointer, _ c: Int32, to out: inout EntryBuffer) {
+        if sqlite3_column_type(stmt, c) == SQLITE_NULL { out.append(byte: 0); return }
+        out.append(byte: 1)
         appendBytes(stmt, c, to: &out)
     }
 
     /// The same bytes as `AuditFields.encode(into:)` of `AuditRow(stmt)`.
-    private static func appendFields(_ stmt: OpaquePointer, to out: inout [UInt8]) {
-        for c in Int32(1)...3 { append(UInt64(bitPattern: sqlite3_column_int64(stmt, c)), to: &out) }
+    private static func appendFields(_ stmt: OpaquePointer, to out: inout EntryBuffer) {
+        for c in Int32(1)...3 { out.append(UInt64(bitPattern: sqlite3_column_int64(stmt, c))) }
         appendBytes(stmt, 4, to: &out)
         appendBytes(stmt, 5, to: &out)
         appendOptional(stmt, 6, to: &out)
         appendOptional(stmt, 7, to: &out)
         for c in Int32(8)...10 { appendBytes(stmt, c, to: &out) }
+    }
+}
+
+/// One entry's hash input, rebuilt per row in one reused allocation: plain memory writes, no
+/// array bookkeeping per byte (this loop runs a million times for a million entries).
+private struct EntryBuffer {
+    private(set) var base: UnsafeMutablePointer<UInt8>
+    private var capacity: Int
+    var count = 0
+
+    init() {
+        capacity = 1024
+        base = .allocate(capacity: capacity)
+    }
+
+    func free() { base.deallocate() }
+
+    private mutating func reserve(_ n: Int) {
+        guard count + n > capacity else { return }
+        var grown = capacity * 2
+        while grown < count + n { grown *= 2 }
+        let bigger = UnsafeMutablePointer<UInt8>.allocate(capacity: grown)
+        bigger.update(from: base, count: count)
+        base.deallocate()
+        base = bigger
+        capacity = grown
+    }
+
+    mutating func append(byte: UInt8) {
+        reserve(1)
+        base[count] = byte
+        count += 1
+    }
+
+    mutating func append(_ v: UInt32) {
+        reserve(4)
+        var be = v.bigEndian
+        withUnsafeBytes(of: &be) { (base + count).update(from: $0.bindMemory(to: UInt8.self).baseAddress!, count: 4) }
+        count += 4
+    }
+
+    mutating func append(_ v: UInt64) {
+        reserve(8)
+        var be = v.bigEndian
+        withUnsafeBytes(of: &be) { (base + count).update(from: $0.bindMemory(to: UInt8.self).baseAddress!, count: 8) }
+        count += 8
+    }
+
+    mutating func append(_ p: UnsafeRawPointer, _ n: Int) {
+        reserve(n)
+        (base + count).update(from: p.assumingMemoryBound(to: UInt8.self), count: n)
+        count += n
     }
 }
