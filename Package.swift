@@ -42,8 +42,11 @@ let package = Package(
         ),
         // The broker wire protocol: frames and messages. All parsing of bytes from a peer.
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore", "CKeyholdOS"]),
-        // PAM transactions (in a helper process) and fprintd enrolment state. Decides no policy.
-        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CPAM", "CSodium", "CKeyholdOS"]),
+        // PAM transactions as the broker runs them (through the helper process) and fprintd
+        // enrolment state. Decides no policy; does not link libpam.
+        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CSodium", "CKeyholdOS"]),
+        // The helper's side: one PAM transaction through libpam. Linked into keyhold-pam-helper only.
+        .target(name: "KeyholdPAMHelper", dependencies: ["KeyholdAuth", "KeyholdCore", "CPAM", "CKeyholdOS"]),
         // TPM 2.0 through the TSS (ESAPI): sealing the vault key. Its parsing of TPM-made bytes
         // (the sealed-key file) is one of the untrusted-input parsers. Linked into the broker only.
         .target(name: "KeyholdTPM", dependencies: ["CTSS2"]),
@@ -69,7 +72,7 @@ let package = Package(
 
         .executableTarget(name: "keyholdd", dependencies: ["KeyholdBroker"]),
         // One PAM transaction per process, started by keyholdd: libpam and the model only.
-        .executableTarget(name: "keyhold-pam-helper", dependencies: ["KeyholdAuth"]),
+        .executableTarget(name: "keyhold-pam-helper", dependencies: ["KeyholdPAMHelper"]),
         // Linked fully static (Swift runtime, libsodium, libc): the CLI runs once per `get`, and the
         // dynamic loader was a third of its start-up. See scripts/bench.sh for the measurement.
         .executableTarget(name: "keyhold", dependencies: ["KeyholdCLI"],
@@ -88,7 +91,7 @@ let package = Package(
         .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
         // Against Debian's swtpm, started by the tests.
         .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "KeyholdCLI", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
+        .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "CPAM", "KeyholdCLI", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
         // Real dbus-daemon, real agent, real broker, real secret-tool / python secretstorage.
         .testTarget(name: "KeyholdSecretServiceTests",
                     dependencies: ["KeyholdSecretService", "KeyholdClient", "KeyholdCore", "KeyholdTestSupport",

@@ -1,4 +1,3 @@
-import CPAM
 import Glibc
 import KeyholdCore
 
@@ -38,9 +37,9 @@ public final class PAMAuthenticator: Sendable {
     /// `waitpid(-1)`, or helpers would be reaped behind this call's back.
     public func authenticate(_ request: PAMRequest, allowInteraction: Bool, interruptFD: Int32?,
                              conversation: (PAMMessage) -> PAMAnswer) -> PAMResult {
-        guard PAMRequestRules.validService(request.service) else { return .unavailable(code: PAM_SERVICE_ERR) }
+        guard PAMRequestRules.validService(request.service) else { return .unavailable(code: PAMCode.serviceError) }
         for field in [request.user, request.ruser, request.tty, request.rhost, serviceDirectory] {
-            if let f = field, !PAMRequestRules.validField(f) { return .unavailable(code: PAM_BAD_ITEM) }
+            if let f = field, !PAMRequestRules.validField(f) { return .unavailable(code: PAMCode.badItem) }
         }
         let deadline = MonotonicClock.nanoseconds() + UInt64(deadlineSeconds) * 1_000_000_000
         guard let helper = PAMHelperHandle.spawn(executable: helperExecutable) else { return .helperFailed }
@@ -114,11 +113,11 @@ public final class PAMAuthenticator: Sendable {
 
     static func result(stage: UInt8, code: Int32, answeredPrompt: Bool) -> PAMResult {
         switch stage {
-        case PAMFrame.stageSuccess where code == PAM_SUCCESS:
+        case PAMFrame.stageSuccess where code == PAMCode.success:
             return .success(answeredPrompt: answeredPrompt)
-        case PAMFrame.stageStart where code != PAM_SUCCESS:
+        case PAMFrame.stageStart where code != PAMCode.success:
             return .unavailable(code: code)
-        case PAMFrame.stageAuthenticate where code != PAM_SUCCESS, PAMFrame.stageAccount where code != PAM_SUCCESS:
+        case PAMFrame.stageAuthenticate where code != PAMCode.success, PAMFrame.stageAccount where code != PAMCode.success:
             return PAMResult.classify(code)
         default:
             return .helperFailed  // inconsistent stage/code: a broken helper
@@ -209,7 +208,7 @@ final class PAMHelperHandle {
         guard socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &pair) == 0 else { return nil }
         var childEnd = pair[1]
         let brokerEnd = pair[0]
-        if childEnd == PAMHelperProcess.channel {
+        if childEnd == PAMFrame.helperChannel {
             // dup2(3, 3) would leave CLOEXEC set: move it out of the way first.
             let moved = fcntl(childEnd, F_DUPFD_CLOEXEC, 10)
             close(childEnd)
@@ -224,8 +223,8 @@ final class PAMHelperHandle {
         defer { posix_spawn_file_actions_destroy(&actions) }
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
-        posix_spawn_file_actions_adddup2(&actions, childEnd, PAMHelperProcess.channel)
-        if let closeFrom = closeFromAction { _ = closeFrom(&actions, PAMHelperProcess.channel + 1) }
+        posix_spawn_file_actions_adddup2(&actions, childEnd, PAMFrame.helperChannel)
+        if let closeFrom = closeFromAction { _ = closeFrom(&actions, PAMFrame.helperChannel + 1) }
 
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)

@@ -7,7 +7,7 @@ import KeyholdCore
 /// parse strictly: an unknown kind, a length over the kind's cap, or a payload that does not
 /// decode exactly is a broken peer. The helper runs third-party PAM modules, so the broker
 /// treats everything it sends as hostile.
-enum PAMFrameKind: UInt8 {
+package enum PAMFrameKind: UInt8 {
     // broker → helper
     case request = 0x01
     case answer = 0x02
@@ -28,17 +28,19 @@ enum PAMFrameKind: UInt8 {
     }
 }
 
-enum PAMFrame {
-    static let headerBytes = 5
-    static let maxPayload = 6 * (2 + PAMRequestRules.maxFieldBytes) + 8
+package enum PAMFrame {
+    /// The helper's end of its socketpair with the broker (the only descriptor it talks on).
+    package static let helperChannel: Int32 = 3
+    package static let headerBytes = 5
+    package static let maxPayload = 6 * (2 + PAMRequestRules.maxFieldBytes) + 8
 
-    static func header(_ kind: PAMFrameKind, _ count: Int) -> [UInt8] {
+    package static func header(_ kind: PAMFrameKind, _ count: Int) -> [UInt8] {
         let n = UInt32(count)
         return [kind.rawValue, UInt8(n >> 24), UInt8((n >> 16) & 0xFF), UInt8((n >> 8) & 0xFF), UInt8(n & 0xFF)]
     }
 
     /// Parses a header; nil if the kind is unknown or the length exceeds its cap.
-    static func parseHeader(_ h: ArraySlice<UInt8>) -> (PAMFrameKind, Int)? {
+    package static func parseHeader(_ h: ArraySlice<UInt8>) -> (PAMFrameKind, Int)? {
         guard h.count >= headerBytes, let kind = PAMFrameKind(rawValue: h[h.startIndex]) else { return nil }
         let s = h.startIndex
         let n = Int(h[s + 1]) << 24 | Int(h[s + 2]) << 16 | Int(h[s + 3]) << 8 | Int(h[s + 4])
@@ -47,23 +49,23 @@ enum PAMFrame {
     }
 
     // MARK: message style codes on the wire
-    static let styleEchoOff: UInt8 = 1
-    static let styleEchoOn: UInt8 = 2
-    static let styleError: UInt8 = 3
-    static let styleInfo: UInt8 = 4
+    package static let styleEchoOff: UInt8 = 1
+    package static let styleEchoOn: UInt8 = 2
+    package static let styleError: UInt8 = 3
+    package static let styleInfo: UInt8 = 4
 
     // MARK: done stages
-    static let stageStart: UInt8 = 0
-    static let stageAuthenticate: UInt8 = 1
-    static let stageAccount: UInt8 = 2
-    static let stageSuccess: UInt8 = 3
+    package static let stageStart: UInt8 = 0
+    package static let stageAuthenticate: UInt8 = 1
+    package static let stageAccount: UInt8 = 2
+    package static let stageSuccess: UInt8 = 3
 }
 
 /// What the broker sends the helper first: the request plus the service directory.
-struct PAMWireRequest: Equatable {
-    var request: PAMRequest
-    var serviceDirectory: String?
-    var deadlineSeconds: UInt32
+package struct PAMWireRequest: Equatable {
+    package var request: PAMRequest
+    package var serviceDirectory: String?
+    package var deadlineSeconds: UInt32
 
     func encode() -> [UInt8] {
         var out: [UInt8] = [1]  // format version
@@ -81,7 +83,7 @@ struct PAMWireRequest: Equatable {
     }
 
     /// Strict decode: version 1, six fields, nothing left over, each field valid.
-    static func decode(_ p: [UInt8]) -> PAMWireRequest? {
+    package static func decode(_ p: [UInt8]) -> PAMWireRequest? {
         guard p.count >= 5, p[0] == 1 else { return nil }
         let deadline = UInt32(p[1]) << 24 | UInt32(p[2]) << 16 | UInt32(p[3]) << 8 | UInt32(p[4])
         var i = 5
@@ -107,19 +109,19 @@ struct PAMWireRequest: Equatable {
 
 /// Blocking and non-blocking fd helpers shared by both sides. They retry on EINTR and never
 /// raise SIGPIPE (MSG_NOSIGNAL): a dead peer is an error return, not the death of the broker.
-enum PAMIO {
+package enum PAMIO {
     /// Writes all bytes; on a non-blocking fd waits for POLLOUT up to `deadline` (monotonic ns).
-    static func sendAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, deadline: UInt64? = nil) -> Bool {
+    package static func sendAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, deadline: UInt64? = nil) -> Bool {
         DescriptorIO.writeAll(fd, raw, socket: true, deadline: deadline) == 0
     }
 
-    static func sendFrame(_ fd: Int32, _ kind: PAMFrameKind, _ payload: [UInt8], deadline: UInt64? = nil) -> Bool {
+    package static func sendFrame(_ fd: Int32, _ kind: PAMFrameKind, _ payload: [UInt8], deadline: UInt64? = nil) -> Bool {
         let bytes = PAMFrame.header(kind, payload.count) + payload
         return bytes.withUnsafeBytes { sendAll(fd, $0, deadline: deadline) }
     }
 
     /// Blocking read of exactly `count` bytes into `dst`; false on EOF or error.
-    static func readExact(_ fd: Int32, _ dst: UnsafeMutableRawPointer, _ count: Int) -> Bool {
+    package static func readExact(_ fd: Int32, _ dst: UnsafeMutableRawPointer, _ count: Int) -> Bool {
         var got = 0
         while got < count {
             let n = read(fd, dst + got, count - got)

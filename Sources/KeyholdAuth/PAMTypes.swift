@@ -1,5 +1,24 @@
-import CPAM
 import KeyholdCore
+
+/// Linux-PAM's return codes the broker reads from the helper's report (`<security/_pam_types.h>`,
+/// a stable ABI). Written here so the broker does not link libpam: only keyhold-pam-helper
+/// calls it. `PAMCodeTests` checks each against the header.
+package enum PAMCode {
+    package static let success: Int32 = 0
+    package static let serviceError: Int32 = 3
+    package static let systemError: Int32 = 4
+    package static let permissionDenied: Int32 = 6
+    package static let authError: Int32 = 7
+    package static let credentialsInsufficient: Int32 = 8
+    package static let authInfoUnavailable: Int32 = 9
+    package static let userUnknown: Int32 = 10
+    package static let maxTries: Int32 = 11
+    package static let newAuthTokenRequired: Int32 = 12
+    package static let accountExpired: Int32 = 13
+    package static let authTokenError: Int32 = 20
+    package static let authTokenExpired: Int32 = 27
+    package static let badItem: Int32 = 29
+}
 
 /// One PAM transaction to run: which service stack, for which user, with the facts the broker
 /// verified about the caller's session (never values the client merely claims).
@@ -67,10 +86,11 @@ public enum PAMResult: Sendable, Equatable {
 
 extension PAMResult {
     /// Classifies a non-zero return code of pam_authenticate or pam_acct_mgmt.
-    static func classify(_ code: Int32) -> PAMResult {
+    package static func classify(_ code: Int32) -> PAMResult {
         switch code {
-        case PAM_AUTH_ERR, PAM_PERM_DENIED, PAM_MAXTRIES, PAM_USER_UNKNOWN, PAM_CRED_INSUFFICIENT,
-             PAM_ACCT_EXPIRED, PAM_NEW_AUTHTOK_REQD, PAM_AUTHTOK_EXPIRED, PAM_AUTHTOK_ERR:
+        case PAMCode.authError, PAMCode.permissionDenied, PAMCode.maxTries, PAMCode.userUnknown,
+             PAMCode.credentialsInsufficient, PAMCode.accountExpired, PAMCode.newAuthTokenRequired,
+             PAMCode.authTokenExpired, PAMCode.authTokenError:
             return .failed(code: code)
         default:
             return .unavailable(code: code)
@@ -79,16 +99,16 @@ extension PAMResult {
 }
 
 /// Checks on request fields, applied by the broker before spawning and again by the helper.
-enum PAMRequestRules {
+package enum PAMRequestRules {
     /// PAM_MAX_RESP_SIZE: libpam and pam_unix do not handle longer answers.
-    static let maxConversationAnswerBytes = 512
+    package static let maxConversationAnswerBytes = 512
     /// Longer module messages are cut (PAM_MAX_MSG_SIZE is 512; this leaves room).
-    static let maxMessageBytes = 4096
-    static let maxFieldBytes = 1024
-    static let maxServiceBytes = 128
+    package static let maxMessageBytes = 4096
+    package static let maxFieldBytes = 1024
+    package static let maxServiceBytes = 128
 
     /// A service name becomes a path inside the service directory: no `/`, no `..`.
-    static func validService(_ s: String) -> Bool {
+    package static func validService(_ s: String) -> Bool {
         let u = Array(s.utf8)
         guard !u.isEmpty, u.count <= maxServiceBytes, u.first != UInt8(ascii: ".") else { return false }
         return u.allSatisfy { b in
@@ -98,7 +118,7 @@ enum PAMRequestRules {
     }
 
     /// Any other field becomes a C string: no NUL, bounded, not empty.
-    static func validField(_ s: String) -> Bool {
+    package static func validField(_ s: String) -> Bool {
         let u = s.utf8
         return !u.isEmpty && u.count <= maxFieldBytes && !u.contains(0)
     }

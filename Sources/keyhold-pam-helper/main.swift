@@ -1,4 +1,4 @@
-import KeyholdAuth
+import KeyholdPAMHelper
 
 // keyhold-pam-helper: runs one PAM transaction for keyholdd, which starts it (as root, from
 // the directory keyholdd itself runs from) for every authentication and talks to it over

@@ -28,11 +28,17 @@ import KeyholdTestSupport
     /// SQLite, the TPM stack or libcrypto, only PAM and the model.
     @Test func thePAMHelperCarriesNoVault() throws {
         let helper = try Self.contents(TestPaths.pamHelper)
-        #expect(Self.has(helper, "11KeyholdAuth"))
+        #expect(Self.has(helper, "16KeyholdPAMHelper"))
         #expect(Self.has(helper, "libpam"))
         for absent in ["12KeyholdVault", "13KeyholdBroker", "libsqlite3", "libtss2", "libcrypto"] {
             #expect(!Self.has(helper, absent), "\(absent)")
         }
+    }
+
+    /// The broker runs PAM only through the helper, so it does not map libpam at all.
+    @Test func theBrokerDoesNotLinkLibPAM() throws {
+        #expect(!Self.has(try Self.contents(TestPaths.keyholdd), "libpam.so"))
+        #expect(Self.has(try Self.contents(TestPaths.pamHelper), "libpam.so"))
     }
 
     /// Root keeps no D-Bus client: the hand-written one (SASL EXTERNAL) is in the CLI only.

@@ -1,6 +1,7 @@
 import CKeyholdOS
 import CPAM
 import Glibc
+import KeyholdAuth
 import KeyholdCore
 
 /// The short-lived process that runs exactly one PAM transaction (`keyhold-pam-helper
@@ -11,7 +12,7 @@ import KeyholdCore
 /// per transaction and can SIGKILL it at any moment; nothing a module does can hold up or take
 /// down the broker. The helper talks only over the inherited socketpair on fd 3.
 public enum PAMHelperProcess {
-    static let channel: Int32 = 3
+    static let channel = PAMFrame.helperChannel
 
     public static func main() -> Never {
         // Die with the broker (PR_SET_PDEATHSIG), and catch the race where it already died.
