@@ -58,15 +58,30 @@ func measureThroughput(socketPath: String, items: Int, clients: Int, seconds: Do
     return (Double(results.latencies.count) / seconds, percentile(results.latencies, 0.5), percentile(results.latencies, 0.99))
 }
 
-/// The table the README's benchmark section names: gets/s at 1, 4, 16 and 64 clients.
-@MainActor func reportThroughput(socketPath: String, items: Int) {
+/// The table the README's benchmark section names: gets/s at 1, 4, 16 and 64 clients, and
+/// the CPU each get costs the broker and the client threads (what bounds the rate on 2 cores).
+@MainActor func reportThroughput(socketPath: String, items: Int, brokerPID: Int32) {
     var single = 0.0
     for clients in [1, 4, 16, 64] {
+        let broker0 = cpuSeconds(pid: brokerPID), own0 = cpuSeconds(pid: getpid())
         let r = measureThroughput(socketPath: socketPath, items: items, clients: clients, seconds: 3)
+        let gets = r.perSecond * 3
+        let brokerCPU = (cpuSeconds(pid: brokerPID) - broker0) / gets, clientCPU = (cpuSeconds(pid: getpid()) - own0) / gets
         if clients == 1 { single = r.perSecond }
         let target = clients == 64 ? "target >= 8x 1 client, p99 < 10 ms" : ""
         report("get throughput, \(clients) client\(clients == 1 ? "" : "s"): gets/s (x 1 client), p50 / p99",
                String(format: "%.0f (%.1fx) %@ / %@", r.perSecond, r.perSecond / single, ms(r.p50) as NSString, ms(r.p99) as NSString),
                target)
+        report("  CPU per get at \(clients): broker / client threads", String(format: "%.0f / %.0f us", brokerCPU * 1e6, clientCPU * 1e6),
+               String(format: "(2 cores allow %.0f gets/s at this cost)", 2 / (brokerCPU + clientCPU)))
     }
+}
+
+/// User + system CPU seconds a process has used so far (/proc/PID/stat fields 14 and 15).
+func cpuSeconds(pid: Int32) -> Double {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return 0 }
+    let fields = stat[stat.index(after: close)...].split(separator: " ")
+    guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }

@@ -9,6 +9,7 @@ import KeyholdVault
 //   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only | --verify-state DIR
 //     | --fill-state DIR --owner UID --from A --to B (Secret Service benchmark's items)
 //     | --seed-audit DIR --entries N (a log to profile `--verify-state` on)
+//     | --throughput-only (the concurrent get table alone)
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
@@ -164,9 +165,16 @@ let put1k = putTimes  // the puts that filled the store to 1,000
 let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
 report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
+if args.contains("--throughput-only") {
+    // The throughput table alone (with CPU per get), for profiling the broker beside it.
+    reportThroughput(socketPath: socketPath, items: stored, brokerPID: broker.processIdentifier)
+    broker.terminate()
+    broker.waitUntilExit()
+    exit(0)
+}
 measureCLI("1,000")
 measureRotation()
-reportThroughput(socketPath: socketPath, items: stored)
+reportThroughput(socketPath: socketPath, items: stored, brokerPID: broker.processIdentifier)
 
 if maxItems >= 10_000 {
     fill(to: 10_000)
