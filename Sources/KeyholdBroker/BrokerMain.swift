@@ -66,7 +66,7 @@ public enum BrokerMain {
         }
         startSignalThread(broker: broker, listener: listener, socketPath: options.socketPath)
         // Counted refusals become refused-burst entries once each uid's audit budget refills.
-        BrokerThread.start {
+        DetachedThread.start {
             while true {
                 sleep(1)
                 broker.flushRefusedBursts()
@@ -108,7 +108,7 @@ public enum BrokerMain {
     }
 
     static func startSignalThread(broker: Broker, listener: Int32, socketPath: String) {
-        BrokerThread.start {
+        DetachedThread.start {
             var set = sigset_t()
             sigemptyset(&set)
             for s in [SIGTERM, SIGINT, SIGHUP] { sigaddset(&set, s) }

@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// Connection threads that, after their connection, park for the next one instead of exiting:
 /// creating and tearing down a thread (stack mapping, clone, exit) per `get` was a visible part
@@ -31,7 +32,7 @@ final class ParkedThreads: @unchecked Sendable {
             return true
         }
         pthread_mutex_unlock(mutex)
-        return BrokerThread.start { [self] in
+        return DetachedThread.start { [self] in
             body()
             parkAndServe()
         }

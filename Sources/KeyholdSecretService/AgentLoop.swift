@@ -56,34 +56,6 @@ final class PromptCancel: Sendable {
     var isCanceled: Bool { flag.load(ordering: .relaxed) }
 }
 
-/// A detached POSIX thread for one running prompt (no Foundation in the agent).
-enum PromptThread {
-    private final class Body {
-        let run: () -> Void
-        init(_ run: @escaping () -> Void) { self.run = run }
-    }
-
-    /// False when no thread could be created (the caller completes the prompt as dismissed).
-    static func start(_ body: @escaping @Sendable () -> Void) -> Bool {
-        var attr = pthread_attr_t()
-        pthread_attr_init(&attr)
-        defer { pthread_attr_destroy(&attr) }
-        pthread_attr_setstacksize(&attr, 1 << 20)
-        pthread_attr_setdetachstate(&attr, Int32(PTHREAD_CREATE_DETACHED))
-        let box = Unmanaged.passRetained(Body(body))
-        var thread = pthread_t()
-        let rc = pthread_create(&thread, &attr, { raw in
-            Unmanaged<Body>.fromOpaque(raw!).takeRetainedValue().run()
-            return nil
-        }, box.toOpaque())
-        if rc != 0 {
-            box.release()
-            return false
-        }
-        return true
-    }
-}
-
 extension Agent {
     /// The event loop. This thread alone owns the bus: it dispatches calls, applies prompt
     /// outcomes, and ends reuse windows. Serves until SIGTERM, the bus going away, or the name

@@ -111,7 +111,7 @@ extension Agent {
             let job = PromptJob(path: path, targets: targets, claimedPID: claimedPID(c.m), vault: vault, cancel: cancel)
             state.running[path] = AgentState.RunningPrompt(owner: c.sender, cancel: cancel)
             let inbox = self.inbox
-            guard PromptThread.start({ inbox.post(job.run()) }) else {
+            guard DetachedThread.start({ inbox.post(job.run()) }) else {
                 state.running[path] = nil
                 completed(path, dismissed: true, [])
                 return

@@ -1,8 +1,9 @@
 import Glibc
 
 /// A detached POSIX thread running one closure: the broker's connection, signal and flusher
-/// threads, without Foundation's `Thread` (no run loop, no autorelease pool, a fixed small stack).
-enum BrokerThread {
+/// threads and the Secret Service agent's prompt threads, without Foundation's `Thread` (no run
+/// loop, no autorelease pool, a fixed small stack; the broker and the agent do not load Foundation).
+public enum DetachedThread {
     private final class Body {
         let run: () -> Void
         init(_ run: @escaping () -> Void) { self.run = run }
@@ -11,7 +12,7 @@ enum BrokerThread {
     /// Starts `body` on a new detached thread; false when the thread could not be created
     /// (the caller then refuses the work instead of running it inline).
     @discardableResult
-    static func start(stackBytes: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
+    public static func start(stackBytes: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
         var attr = pthread_attr_t()
         pthread_attr_init(&attr)
         defer { pthread_attr_destroy(&attr) }
