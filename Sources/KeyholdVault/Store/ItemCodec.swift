@@ -4,7 +4,7 @@ import KeyholdCore
 /// The item codec: the one place that turns an item into its row (validation, sealing under
 /// the associated data that binds id, owner, names, kind, policy, executables, reuse window,
 /// biometry digest, password hashing, generation and expiry) and a row back into an item (every
-/// inconsistency is `.integrity`). The store's queries and transactions live in VaultStore.swift.
+/// inconsistency is `.integrity`). The store's queries and transactions live in VaultStore+Items.swift.
 extension VaultStore {
     static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us, generation, expires_us"
 
