@@ -151,7 +151,7 @@ import KeyholdCore
 
     @Test func framesOverASocketPair() throws {
         var fds: [Int32] = [0, 0]
-        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &fds) == 0)
+        #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0, &fds) == 0)
         defer { close(fds[0]); close(fds[1]) }
         try Frame.write(ClientMessage.cancel.encode(), to: fds[0])
         let got = try #require(try Frame.read(from: fds[1]))
