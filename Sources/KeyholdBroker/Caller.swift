@@ -89,6 +89,9 @@ struct Caller: Sendable {
     /// The executable an `--allow-exe` list is checked against, or why there is none: the
     /// process that connected must be the one that sent the request, be the only process
     /// holding the connection, still be alive, and still run the executable read on arrival.
+    /// 20 × 5 ms: how long a second holder of the connection is waited for before refusing.
+    static let sharedHolderWaits = 20
+
     func executableForAllowList() -> Result<String, IdentityProblem> {
         if let identityProblem { return .failure(IdentityProblem(why: identityProblem)) }
         guard let peer, peer.pid == pid else { return .failure(IdentityProblem(why: "the request was sent by another process than the one that connected")) }
@@ -96,7 +99,14 @@ struct Caller: Sendable {
         var inode: UInt64 = 0
         guard ckh_unix_peer_inode(socket, &inode) == 0 else { return .failure(IdentityProblem(why: "the connection's holders cannot be checked")) }
         var holders = [Int32](repeating: 0, count: 4)
-        let n = ckh_socket_holders(inode, &holders, Int32(holders.count))
+        var n = ckh_socket_holders(inode, &holders, Int32(holders.count))
+        // A program that spawns children while it asks shares the connection with each child
+        // between its clone and its exec (close-on-exec ends it): wait that out, 100 ms at most.
+        // What is decided still needs exactly one holder, at the moment it is decided.
+        for _ in 0..<Self.sharedHolderWaits where n > 1 {
+            usleep(5_000)
+            n = ckh_socket_holders(inode, &holders, Int32(holders.count))
+        }
         guard n == 1, holders[0] == pid else {
             return .failure(IdentityProblem(why: n < 0 ? "the connection's holders cannot be checked" : "the connection is held by \(n) processes"))
         }
