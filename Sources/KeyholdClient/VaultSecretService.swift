@@ -49,7 +49,7 @@ extension Vault {
     /// Metadata of the caller's items whose attribute map (`AttributeMapping.attributes`) holds
     /// every pair of `attributes`; all of them for an empty map. The broker finds candidates
     /// through its keyed index and matches each item's sealed map exactly. Never a secret.
-    public func search(attributes: [String: String]) throws(KeyholdError) -> [ItemInfo] {
+    public func search(attributes: [String: String], claimedPID: Int32? = nil) throws(KeyholdError) -> [ItemInfo] {
         guard attributes.count <= AttributeMapping.maxPairs else {
             throw .invalidRequest("more than \(AttributeMapping.maxPairs) attributes")
         }
@@ -58,6 +58,7 @@ extension Vault {
         }
         var r = Request(.search)
         r.searchAttributes = attributes
+        r.claimedPID = claimedPID
         var found: [ItemInfo] = []
         _ = try perform(r, interaction: nil, onItems: { found.append(contentsOf: $0) })
         return found

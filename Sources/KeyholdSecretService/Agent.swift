@@ -133,9 +133,9 @@ public final class Agent {
     /// Items whose attributes hold every pair of `query`, split by lock state. The broker
     /// searches (its keyed index, then an exact match of each sealed map): the agent no longer
     /// fetches the whole list for a lookup.
-    func search(_ query: [String: String]) throws(BusError) -> (unlocked: [String], locked: [String]) {
+    func search(_ query: [String: String], claimedPID: Int32?) throws(BusError) -> (unlocked: [String], locked: [String]) {
         var unlocked: [String] = [], locked: [String] = []
-        for i in try searchBroker(query) {
+        for i in try searchBroker(query, claimedPID: claimedPID) {
             if state.isLocked(i) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
         }
         return (unlocked, locked)
@@ -144,10 +144,11 @@ public final class Agent {
     /// The broker's answer for `query`, in creation order, and the cache brought up to date
     /// with it: it is current for this query, so a cached item that matched and is no longer
     /// returned was deleted or renamed (through the CLI, say) and is dropped.
-    func searchBroker(_ query: [String: String]) throws(BusError) -> [ItemInfo] {
+    /// The search is audited with the D-Bus sender as its claimed requester.
+    func searchBroker(_ query: [String: String], claimedPID: Int32?) throws(BusError) -> [ItemInfo] {
         let found: [ItemInfo]
         do throws(KeyholdError) {
-            found = try vault.search(attributes: query)
+            found = try vault.search(attributes: query, claimedPID: claimedPID)
         } catch {
             throw Self.busError(error)
         }
@@ -157,8 +158,8 @@ public final class Agent {
     }
 
     /// The item stored under exactly this name, found by a search for its whole map.
-    func item(named ref: ItemReference) throws(BusError) -> ItemInfo? {
-        try searchBroker(AttributeMapping.attributes(service: ref.service, account: ref.account))
+    func item(named ref: ItemReference, claimedPID: Int32?) throws(BusError) -> ItemInfo? {
+        try searchBroker(AttributeMapping.attributes(service: ref.service, account: ref.account), claimedPID: claimedPID)
             .first { $0.service == ref.service && $0.account == ref.account }
     }
 

@@ -35,7 +35,8 @@ extension Agent {
             }
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
-            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes))
+            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
+                                                claimedPID: claimedPID(c.m))
             try reply(c.m) { w in w.objectPaths(unlocked); w.objectPaths(locked) }
         case "Unlock":
             try c.r.requireSignature("ao")
@@ -104,7 +105,8 @@ extension Agent {
         switch c.member {
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
-            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes))
+            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
+                                                claimedPID: claimedPID(c.m))
             try reply(c.m) { w in w.objectPaths(unlocked + locked) }
         case "CreateItem":
             try c.r.requireSignature("a{sv}(oayays)b")
@@ -147,7 +149,7 @@ extension Agent {
             }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
             defer { secret.wipe() }
-            var existing = try item(named: ref)
+            var existing = try item(named: ref, claimedPID: claimedPID(c.m))
             for attempt in 0..<2 {
                 var policy = options.defaultPolicy
                 if let existing {
@@ -169,7 +171,7 @@ extension Agent {
                     throw Self.busError(error)
                 }
             }
-            guard let stored = try item(named: ref) else {
+            guard let stored = try item(named: ref, claimedPID: claimedPID(c.m)) else {
                 throw .failed("the item was not stored")
             }
             let path = SecretObject.itemPath(stored.id)

@@ -57,8 +57,12 @@ import KeyholdTestSupport
         #expect(f.cli(["put", "bench", "acct-1"], stdin: "s-cli-2").status == 0)
         #expect(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).stdoutText == "s-cli-2")
         // Each search is one audit entry (as a listing is), naming no attribute.
+        // The D-Bus sender is recorded as its claimed requester; the queried values are not.
         let audit = f.cli(["audit", "--json"]).stdoutText
-        #expect(audit.contains("\"operation\":\"search\""), "\(audit)")
+        let searches = audit.split(separator: "\n").filter { $0.contains("\"operation\":\"search\"") }
+        #expect(!searches.isEmpty, "\(audit)")
+        #expect(searches.allSatisfy { $0.contains("claimed requester /usr/bin/secret-tool") }, "\(searches)")
+        #expect(!searches.contains { $0.contains("carol") || $0.contains("chat") }, "\(searches)")
     }
 
     @Test func anotherUsersItemsNeverComeBackEvenWithIdenticalAttributes() throws {
