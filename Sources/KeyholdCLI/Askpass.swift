@@ -19,7 +19,9 @@ public enum Askpass {
         return timeLimitSeconds * 1000
     }
 
-    public static func ask(_ program: String, prompt: String) -> SecureBytes? {
+    /// `canceled` is asked every 100 ms while the program runs: once it says so, the program is
+    /// killed and the prompt counts as canceled (the Secret Service agent's dismissed prompts).
+    public static func ask(_ program: String, prompt: String, canceled: (() -> Bool)? = nil) -> SecureBytes? {
         let deadline = MonotonicClock.milliseconds() + timeLimitMilliseconds()
         var fds: [Int32] = [-1, -1]
         // Close-on-exec: only the child's stdout (a dup made by posix_spawn) holds the write end,
@@ -31,7 +33,7 @@ public enum Askpass {
             close(fds[0])
             return nil
         }
-        let answer = readLine(fds[0], limit: Limits.maxAnswerBytes, deadline: deadline)
+        let answer = readLine(fds[0], limit: Limits.maxAnswerBytes, deadline: deadline, canceled: canceled)
         close(fds[0])
         guard let answer else {
             kill(pid, SIGKILL)
@@ -47,8 +49,8 @@ public enum Askpass {
 
     /// The first line from `fd` (without its newline and a CR before it) in guarded memory;
     /// at end of input, what came. Nil when more than `limit` bytes come before a newline, on
-    /// a read error, or at `deadline`.
-    static func readLine(_ fd: Int32, limit: Int, deadline: Int64) -> SecureBytes? {
+    /// a read error, at `deadline`, or once `canceled` says so.
+    static func readLine(_ fd: Int32, limit: Int, deadline: Int64, canceled: (() -> Bool)? = nil) -> SecureBytes? {
         let buffer = SecureBytes(count: limit + 1)
         defer { buffer.wipe() }
         var length: Int?
@@ -56,10 +58,11 @@ public enum Askpass {
             var count = 0
             while count < buf.count {
                 let left = deadline - MonotonicClock.milliseconds()
-                guard left > 0 else { return }
+                guard left > 0, canceled?() != true else { return }
                 var p = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-                let ready = poll(&p, 1, Int32(min(left, Int64(Int32.max))))
+                let ready = poll(&p, 1, Int32(min(left, canceled == nil ? Int64(Int32.max) : 100)))
                 if ready < 0 && errno == EINTR { continue }
+                if ready == 0 && canceled != nil { continue }  // look at `canceled` again
                 guard ready > 0 else { return }
                 let n = read(fd, buf.baseAddress! + count, buf.count - count)
                 if n < 0 && errno == EINTR { continue }

@@ -15,7 +15,8 @@ final class AskpassInteraction: Interaction {
 
     func answer(_ prompt: KeyholdProtocol.Prompt) -> SecureBytes? {
         guard !cancel.isCanceled, let p = getenv("KEYHOLD_ASKPASS"), p.pointee != 0 else { return nil }
-        return Askpass.ask(String(cString: p), prompt: prompt.text)
+        // Dismissed or abandoned while the askpass runs: it is killed, the broker told "canceled".
+        return Askpass.ask(String(cString: p), prompt: prompt.text, canceled: { [cancel] in cancel.isCanceled })
     }
 
     func show(_ notice: Notice) {}

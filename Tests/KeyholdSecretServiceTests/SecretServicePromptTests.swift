@@ -4,7 +4,8 @@ import Testing
 import KeyholdTestSupport
 
 /// A running prompt does not hold the agent: its authentication runs on its own thread, so
-/// other clients are answered while it waits; a client that leaves mid-prompt leaves nothing.
+/// other clients are answered while it waits; a client that leaves mid-prompt leaves nothing
+/// (its askpass is killed and the broker told the authentication was canceled).
 /// Ordering is forced by an askpass that waits for the test's go-ahead (bounded), never by time.
 @Suite(.serialized) struct SecretServicePromptTests {
     /// A gated item (`gate`/`ann`), an open one (`open`/`bob`), and an agent whose askpass
@@ -88,16 +89,21 @@ import KeyholdTestSupport
         kill(a.processIdentifier, SIGKILL)
         a.waitUntilExit()
 
-        // The agent keeps serving, and the askpass's late answer unlocks nothing.
+        // The agent keeps serving. It kills the abandoned prompt's askpass, and the broker
+        // records the authentication as canceled (waited for, bounded): no grant.
         #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
-        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
-        #expect(waitFor(f.directory + "/askpass-answered"))
-        // The broker's grant for the abandoned prompt lands in the audit; wait for it (bounded).
-        var audited = false
-        for _ in 0..<500 where !audited {
-            audited = f.cli(["audit", "--json", "--item", "gate/ann"]).stdoutText.contains("\"decision\":\"granted\"")
-            if !audited { usleep(20_000) }
+        var audit = ""
+        for _ in 0..<1500 where !audit.contains("user-canceled") {
+            audit = f.cli(["audit", "--json", "--item", "gate/ann"]).stdoutText
+            if !audit.contains("user-canceled") { usleep(20_000) }
         }
+        #expect(audit.contains("user-canceled"), "\(audit) \(f.log("agent.log"))")
+        #expect(!audit.split(separator: "\n").contains { $0.contains("\"operation\":\"get\"") && $0.contains("\"decision\":\"granted\"") },
+                "\(audit)")
+        // The askpass was killed before that entry: a go-ahead now is answered by no one.
+        _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
+        usleep(300_000)
+        #expect(!exists(f.directory + "/askpass-answered"))
         let probe = f.python("""
             import secretstorage
             c = secretstorage.get_default_collection(secretstorage.dbus_init())
