@@ -10,7 +10,10 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 T=$(mktemp -d /tmp/khssb-XXXXXX); chmod 755 "$T"
 U=khb$$; useradd -M -s /usr/sbin/nologin "$U"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; userdel "$U" 2>/dev/null || true; rm -rf "$T"; }
+# Everything the throwaway user runs goes too (bus daemons and keyrings started under runuser
+# outlive the wrapper pids), or it would hold this script's output open after it ends.
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; pkill -9 -u "$U" 2>/dev/null || true
+            userdel "$U" 2>/dev/null || true; rm -rf "$T"; }
 trap cleanup EXIT
 as_user() { setpriv --reuid="$U" --regid="$U" --init-groups -- env -i PATH=/usr/bin:/bin HOME="$T/$1" \
             XDG_RUNTIME_DIR="$T/$1" DBUS_SESSION_BUS_ADDRESS="unix:path=$T/$1/bus" "${@:2}"; }
