@@ -132,7 +132,8 @@ extension VaultStore {
         try db.transaction(mapError: StoreError.from, commitError: { _ in .auditWriteFailed }, body)
     }
 
-    private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
+    /// A database call whose error becomes the store's (shared by the store's extensions).
+    func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
         do { return try body() } catch { throw StoreError.from(error) }
     }
 

@@ -99,10 +99,6 @@ extension VaultStore {
         return counted.sorted { $0.rows < $1.rows }.map(\.tag)
     }
 
-    private func mapped<R>(_ body: () throws(DatabaseError) -> R) throws(StoreError) -> R {
-        do { return try body() } catch { throw StoreError.from(error) }
-    }
-
     /// Items written before migration 4 get their rows once, on the first open after it (the
     /// vault key is needed to read their names), in one transaction with the vault_meta marker.
     /// Idempotent: it rewrites the whole index. Items that do not open get no rows (they are
