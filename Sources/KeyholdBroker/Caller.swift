@@ -35,6 +35,8 @@ struct Caller: Sendable {
     let executable: String
     /// Login session (`getsid`), which scopes authentication reuse windows; -1 if unknown.
     let sessionID: Int32
+    /// Start time of the sender (clock ticks after boot); with `pid`, one process. 0 if unknown.
+    var startTime: UInt64 = 0
     /// PAM_TTY, from what the broker could verify about the caller's session.
     let tty: String?
     /// The passwd name and PAM_RHOST, read when first asked for (only PAM and biometry need
@@ -72,6 +74,7 @@ struct Caller: Sendable {
         caller.socket = fd
         caller.peer = peer
         caller.identityProblem = problem
+        caller.startTime = facts?.startTime ?? 0
         return caller
     }
 
@@ -148,6 +151,24 @@ final class CallerOnDemand: Sendable {
         let host = facts.flatMap { CallerFacts.remoteSession(of: $0)?.host }
         state.withLock { $0.remoteHost = .some(host) }
         return host
+    }
+}
+
+/// What a reuse window belongs to: the caller's login session; or, when the kernel shows the
+/// caller no session (0: the session's leader is outside the caller's PID namespace, as in a
+/// container), that one process (pid and start time), so that a long-running caller such as
+/// the Secret Service agent still has a window and no other process shares it.
+enum ReuseScope: Hashable, Sendable {
+    case session(Int32)
+    case process(pid: Int32, startTime: UInt64)
+}
+
+extension Caller {
+    /// nil when the caller cannot be scoped (facts unreadable): no window at all.
+    var reuseScope: ReuseScope? {
+        if sessionID > 0 { return .session(sessionID) }
+        if sessionID == 0, pid > 0, startTime > 0 { return .process(pid: pid, startTime: startTime) }
+        return nil
     }
 }
 

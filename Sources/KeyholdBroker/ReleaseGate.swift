@@ -38,7 +38,7 @@ final class ReleaseGate: Sendable {
 
     struct ReuseKey: Hashable, Sendable {
         let uid: UInt32
-        let session: Int32
+        let scope: ReuseScope
     }
 
     static let maxFailuresBeforeLockout: UInt32 = 5
@@ -84,8 +84,8 @@ final class ReleaseGate: Sendable {
     }
 
     func reuseGrant(for caller: Caller, item: StoredItem, constraints: [Policy.Constraint], now: Int64) -> Bool {
-        guard item.access.reuseSeconds > 0, caller.sessionID > 0 else { return false }
-        guard let grant = reuse.withLock({ $0[ReuseKey(uid: caller.uid, session: caller.sessionID)] }) else { return false }
+        guard item.access.reuseSeconds > 0, let scope = caller.reuseScope else { return false }
+        guard let grant = reuse.withLock({ $0[ReuseKey(uid: caller.uid, scope: scope)] }) else { return false }
         guard now - grant.at <= Int64(item.access.reuseSeconds) * 1_000_000, now >= grant.at else { return false }
         func satisfied(_ c: Policy.Constraint) -> Bool {
             switch c {
@@ -313,9 +313,10 @@ final class ReleaseGate: Sendable {
 
     /// Opens (or widens) the caller's reuse window after PAM succeeded.
     private func grantReuse(_ caller: Caller, _ method: AuthMethod) {
+        guard let scope = caller.reuseScope else { return }
         let now = clock.microseconds()
         reuse.withLock {
-            let key = ReuseKey(uid: caller.uid, session: caller.sessionID)
+            let key = ReuseKey(uid: caller.uid, scope: scope)
             var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
             if grant.at != 0 && now - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
                 grant = ReuseGrant(at: 0, fingerprint: false, password: false)

@@ -107,9 +107,10 @@ import KeyholdTestSupport
                            fprintStateDirectory: noPrints, clock: clock)
     }
 
-    static func caller(session: Int32 = 77, socket: Int32 = -1, peer: Peer? = nil) -> Caller {
-        var c = Caller(uid: uid, pid: getpid(), executable: CallerFacts.readExecutable(pid: getpid()) ?? "?", sessionID: session,
+    static func caller(session: Int32 = 77, pid: Int32 = getpid(), startTime: UInt64 = 4242, socket: Int32 = -1, peer: Peer? = nil) -> Caller {
+        var c = Caller(uid: uid, pid: pid, executable: CallerFacts.readExecutable(pid: getpid()) ?? "?", sessionID: session,
                        userName: "gate-test-user", tty: nil, remoteHost: nil)
+        c.startTime = startTime
         c.socket = socket
         c.peer = peer
         return c
@@ -192,6 +193,26 @@ import KeyholdTestSupport
         let r = Self.gate(Self.yes, prints: prints).authorize(item, caller: Self.caller(), request: Self.request(), via: enrolled, store: vault)
         #expect(Self.method(r) == [.fingerprint])
         #expect(enrolled.announced == 1)
+    }
+
+    /// A caller the kernel shows no session (0: the leader is outside its PID namespace, as in
+    /// a container) has a window for its own process only; an unknown session has none.
+    @Test func reuseWithoutAVisibleSessionIsScopedToTheProcess() throws {
+        let vault = try Vault(), clock = FakeClock()
+        let item = try vault.add("device-passcode", reuse: 60)
+        let gate = Self.gate(Self.yes, clock: clock)
+        let agent = Self.caller(session: 0, pid: 500, startTime: 9000)
+        #expect(Self.method(gate.authorize(item, caller: agent, request: Self.request(), via: Script(), store: vault)) == [.password])
+        clock.advance(seconds: 10)
+        #expect(Self.method(gate.authorize(item, caller: agent, request: Self.request(interactive: false), via: Script(), store: vault)) == [.reuse])
+        // Another process in the same invisible session, or the same pid reused later: no window.
+        #expect(gate.preview(item, caller: Self.caller(session: 0, pid: 501, startTime: 9000)) == .requiresAuthentication)
+        #expect(gate.preview(item, caller: Self.caller(session: 0, pid: 500, startTime: 9700)) == .requiresAuthentication)
+        // Nor does a caller in a real session with that number, or one whose session is unknown.
+        #expect(gate.preview(item, caller: Self.caller(session: 500)) == .requiresAuthentication)
+        let unknown = Self.caller(session: -1, pid: 500, startTime: 9000)
+        #expect(Self.method(gate.authorize(item, caller: unknown, request: Self.request(), via: Script(), store: vault)) == [.password])
+        #expect(Self.outcome(gate.authorize(item, caller: unknown, request: Self.request(interactive: false), via: Script(), store: vault)) == .interactionNotAllowed)
     }
 
     @Test func reuseWindowEndsWithTheClock() throws {
