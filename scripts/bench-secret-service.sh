@@ -2,7 +2,10 @@
 # Secret Service benchmark, on demand (never in CI): `secret-tool lookup` through Keyhold's agent
 # and through gnome-keyring, side by side in the same run, each on its own private session bus,
 # at each item count of SIZES (default 1,000 then 10,000), printed as p50s and a ratio. Needs
-# root (it starts keyholdd and a throwaway user).
+# root (it starts keyholdd and a throwaway user). Then, against the same vaults (the last size),
+# `git credential fill` through git-credential-keyhold beside git's `store` helper and
+# git-credential-libsecret (built from git's contrib source) on gnome-keyring, LOOKUPS each, as
+# p50s and ratios; GIT_FILL=0 skips that part.
 #   scripts/bench-secret-service.sh [SIZES="1000 10000"] [LOOKUPS=200] [BUILD_DIR=.build/release]
 set -euo pipefail
 SIZES=${1:-1000 10000}; L=${2:-200}; BIN=$(cd "${3:-.build/release}" && pwd)
@@ -95,4 +98,84 @@ for r in "${results[@]}"; do
   set -- $r
   awk -v n="$1" -v k="$2" -v k95="$3" -v g="$4" -v g95="$5" 'BEGIN {
     printf "%-28s %14.1f (%5.1f) %15.1f (%5.1f) %8.2f\n", n " items", k, k95, g, g95, k / g }'
+done
+
+[ "${GIT_FILL:-1}" = 0 ] && exit 0
+
+# `git credential fill` through each helper, in the same run, against the vaults as the last size
+# left them (Keyhold's store and gnome-keyring's login keyring hold that many items besides it).
+# Each helper gets its own HOME with `[credential] helper = ...`; the throwaway user approves one
+# credential, then python3 times LOOKUPS whole `git credential fill` processes (git starts the
+# helper as it does for a push), checking every fill returns the password.
+cat > "$T/gitfill.py" <<'PY'
+import subprocess, sys, time
+n = int(sys.argv[1])
+desc = b"protocol=https\nhost=bench.example\nusername=alice\n\n"
+def fill():
+    return subprocess.run(["git", "credential", "fill"], input=desc, capture_output=True, timeout=30)
+try:
+    subprocess.run(["git", "credential", "approve"], timeout=30, capture_output=True,
+                   input=b"protocol=https\nhost=bench.example\nusername=alice\npassword=bench-pw\n\n")
+    r = fill()  # git ignores a helper's failure to store: this is the check that it stored
+    if b"password=bench-pw\n" not in r.stdout:
+        sys.exit("first fill returned no password=bench-pw: " + r.stderr.decode(errors="replace").strip()[-200:])
+    for _ in range(n):
+        t0 = time.perf_counter(); r = fill(); t = time.perf_counter() - t0
+        if b"password=bench-pw\n" not in r.stdout:
+            sys.exit("a fill returned no password=bench-pw: " + r.stderr.decode(errors="replace").strip()[-200:])
+        print("%.6f" % t)
+except subprocess.TimeoutExpired as e:
+    sys.exit("timed out: %s" % " ".join(e.cmd))
+PY
+git_fill() {  # $1 = name, $2 = helper, rest = extra environment; per-fill seconds, or fails with why on stderr
+  local h="$T/git-$1"; mkdir -p "$h"; printf '[credential]\n\thelper = %s\n' "$2" > "$h/.gitconfig"; chown -R "$U" "$h"
+  setpriv --reuid="$U" --regid="$U" --init-groups -- env -i PATH="$BIN:/usr/bin:/bin" HOME="$h" XDG_RUNTIME_DIR="$h" \
+    GIT_CONFIG_NOSYSTEM=1 GIT_TERMINAL_PROMPT=0 "${@:3}" python3 "$T/gitfill.py" "$L"
+}
+
+# git-credential-libsecret: Debian ships it only as source; built here, with libsecret-1-dev and
+# pkg-config installed first if missing.
+LS_SRC=/usr/share/doc/git/contrib/credential/libsecret/git-credential-libsecret.c
+ls_why=""
+if [ ! -f "$LS_SRC" ]; then ls_why="no source at $LS_SRC"
+else
+  if ! command -v pkg-config >/dev/null || ! pkg-config --exists libsecret-1 glib-2.0; then
+    echo "installing libsecret-1-dev pkg-config to build git-credential-libsecret..."
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsecret-1-dev pkg-config >"$T/apt.log" 2>&1 ||
+      { DEBIAN_FRONTEND=noninteractive apt-get update -qq >>"$T/apt.log" 2>&1 &&
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libsecret-1-dev pkg-config >>"$T/apt.log" 2>&1; } ||
+      ls_why="apt-get install libsecret-1-dev pkg-config failed: $(tail -n 1 "$T/apt.log")"
+  fi
+  [ -z "$ls_why" ] && { cc -O2 -o "$T/git-credential-libsecret" "$LS_SRC" $(pkg-config --cflags --libs libsecret-1 glib-2.0) >"$T/cc.log" 2>&1 ||
+    ls_why="build failed: $(grep -m 1 -i error "$T/cc.log" || tail -n 1 "$T/cc.log")"; }
+fi
+
+# gnome-keyring: libsecret's CreateItem goes to the `default` alias, which gk_fill points at its
+# `login` keyring; that keyring is unencrypted, so it is unlocked and takes the item without a
+# prompt (no unlock or collection creation is needed; this run's libsecret row checks it: a
+# CreateItem that failed would make the first fill come back without the password).
+names=(); rows=()
+for h in keyhold store libsecret; do
+  case $h in
+    keyhold)   n=git-credential-keyhold; args=(keyhold KEYHOLD_SOCKET="$T/k.sock") ;;
+    store)     n="git store (plaintext file)"; args=("store --file $T/git-store/git-credentials") ;;
+    libsecret) n=git-credential-libsecret; args=("$T/git-credential-libsecret" DBUS_SESSION_BUS_ADDRESS="unix:path=$T/gnome/bus")
+               [ -n "$ls_why" ] && { names+=("$n"); rows+=("not measured ($ls_why)"); continue; } ;;
+  esac
+  if out=$(git_fill "$h" "${args[@]}" 2>"$T/git-$h.err"); then
+    names+=("$n"); rows+=("$(stats <<<"$out")")
+  else
+    names+=("$n"); rows+=("failed ($(tail -n 1 "$T/git-$h.err"))")
+  fi
+done
+printf "%-32s %22s %12s\n" "git credential fill ($L each)" "p50 (p95) ms" "keyhold/this"
+k50=""; case ${rows[0]} in [0-9]*) k50=${rows[0]%% *} ;; esac
+for i in "${!names[@]}"; do
+  case ${rows[$i]} in
+    [0-9]*) awk -v n="${names[$i]}" -v r="${rows[$i]}" -v k="$k50" -v i="$i" 'BEGIN {
+              split(r, p, " "); printf "%-32s %14.1f (%5.1f)", n, p[1], p[2]
+              if (i > 0 && k != "") printf " %12.2f", k / p[1]
+              printf "\n" }' ;;
+    *) echo "${names[$i]}: ${rows[$i]}" ;;
+  esac
 done

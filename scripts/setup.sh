@@ -14,7 +14,7 @@ packages=(
   git python3 skopeo                          # credential helper tests: real git over smart HTTP, skopeo credHelpers
   libsystemd-dev libssl-dev                   # sd-bus and libcrypto for the Secret Service agent
   libsecret-tools python3-secretstorage python3-keyring gnome-keyring  # Secret Service clients; benchmark peer
-  libtss2-dev                                 # TPM 2.0 Software Stack (ESAPI, TCTIs): the TPM key protector
+  libtss2-dev libtss2-tcti-tabrmd0            # TPM 2.0 Software Stack (ESAPI; device, swtpm and tabrmd TCTIs): the TPM key protector
   swtpm swtpm-tools tpm2-tools                # a software TPM for the tests; tpm2-tools only to clear/extend it in tests
 )
 

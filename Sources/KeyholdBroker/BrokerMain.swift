@@ -43,7 +43,7 @@ public enum BrokerMain {
             protector = try KeyProtectorSetup.resolve(options)
             store = try VaultStore.open(stateDirectory: options.stateDirectory,
                                         keyProtector: KeyProtectorSetup.protector(protector, options))
-            if let record = KeyProtectorSetup.startAudit(protector, options, executable: helper) { try store.append(record) }
+            try store.append(KeyProtectorSetup.startAudit(protector, options, executable: helper))
         } catch {
             fail("cannot open the vault in \(options.stateDirectory): \(error)")
         }

@@ -61,17 +61,15 @@ enum KeyProtectorSetup {
         return "rollback of the state directory is NOT detected"
     }
 
-    /// The audit entry of a start with the TPM protector: proof in the chain of how the key
-    /// was kept. (The file protector is the default and the start-up line states it.)
-    static func startAudit(_ kind: KeyProtectorKind, _ options: BrokerOptions, executable: String) -> AuditRecord? {
-        guard kind == .tpm else { return nil }
+    /// The audit entry of every start: proof in the chain of how the key was kept.
+    static func startAudit(_ kind: KeyProtectorKind, _ options: BrokerOptions, executable: String) -> AuditRecord {
+        let reason = kind == .tpm ? "key-protector=tpm pcrs=\(options.tpmPCRs)" : "key-protector=file"
         return AuditRecord(time: currentMicroseconds(), callerUID: geteuid(), callerPID: getpid(), executable: executable,
-                           operation: .brokerStart, decision: .granted,
-                           reason: "key-protector=tpm pcrs=\(options.tpmPCRs)", outcome: .ok)
+                           operation: .brokerStart, decision: .granted, reason: reason, outcome: .ok)
     }
 }
 
-/// What `keyhold status` reports. Rollback detection is not implemented yet (issue 13 item 2).
+/// What `keyhold status` reports: the key protector and which rollback detection runs.
 struct VaultProtection: Sendable {
     let keyProtector: KeyProtectorKind
     var anchored = false

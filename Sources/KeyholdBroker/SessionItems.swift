@@ -102,6 +102,10 @@ extension Session {
             return deny(request, op, item: nil, d)
         case .success(let e): existing = e
         }
+        if existing == nil, let g = request.ifGeneration {
+            // "Only if still at generation G": an item that is gone is not at G, and is not recreated.
+            return deny(request, op, item: nil, Denial(.conflict, "the item does not exist (expected generation \(g))"))
+        }
         if let found = existing, request.update {
             switch settledForUpdate(request, ref, found) {  // --if-generation; waits for a rotation in progress
             case .failure(let d): return deny(request, op, item: found, d)

@@ -97,6 +97,10 @@ extension Session {
     /// described the secret being replaced.
     private func commit(_ item: StoredItem, _ secret: SecureBytes, expires: Int64?, _ request: Request, method: AuthMethod,
                         appPassword: AppPasswordKey?) -> Response {
+        // A rotation writes an item too: it stops short of the free-space reserve as a put does.
+        if broker.reserve.isLow {
+            return deny(request, .update, item: item, Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+        }
         let newItem = NewItem(service: item.service, account: item.account, label: item.label, kind: item.kind,
                               access: item.access, biometryState: item.biometryState, expires: expires)
         let audit = event(request, .update, item: item, decision: .granted, method: method, outcome: .ok).record()

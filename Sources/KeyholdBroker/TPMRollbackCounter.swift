@@ -109,7 +109,9 @@ final class TPMRollbackCounter: Sendable {
         let from = scanned.withLock { $0 }
         guard let head = try? store.authenticatedHeadSequence(), head > from else { return .current }
         scanned.withLock { $0 = head }
-        guard (try? store.rollbackRelevantChange(after: from)) == true else { return .current }
+        // A failure to read what changed counts as a change: one NV write too many, never a
+        // change left out of the counter.
+        guard (try? store.rollbackRelevantChange(after: from)) ?? true else { return .current }
         do throws(TPMError) {
             let device = try TPMDevice(tcti: tcti)
             guard let current = try device.readCounter(index: index) else { throw TPMError.unexpectedResponse }

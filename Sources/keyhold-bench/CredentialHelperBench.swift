@@ -43,7 +43,10 @@ import Glibc
             report("git credential fill p50 ratio, keyhold vs \(name)", String(format: "%.1fx", k / p), "")
         }
     }
-    if libsecret == nil { report("git credential fill via git-credential-libsecret", "not installed", "(not measured)") }
+    if libsecret == nil || getenv("DBUS_SESSION_BUS_ADDRESS") == nil {
+        report("git credential fill via git-credential-libsecret", libsecret == nil ? "not installed" : "no session bus",
+               "(not measured here: scripts/bench-secret-service.sh runs it against gnome-keyring)")
+    }
 }
 
 /// git with an explicit environment; output discarded. Its exit status.

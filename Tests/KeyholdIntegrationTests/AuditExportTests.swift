@@ -76,7 +76,9 @@ import KeyholdTestSupport
             #expect((row["row"] as? String)?.isEmpty == false && (row["mac"] as? String)?.count == 64)
             #expect((row["prev_mac"] as? String)?.count == 64)
         }
-        #expect(exported[2].contains("\"reason\":\"sync now\"") && exported[2].contains("\"service\":\"github.com\""))
+        // Entry 1 is the broker's start (which key protector it opened the vault with).
+        #expect(exported[1].contains("broker-start") && exported[1].contains("key-protector=file"))
+        #expect(exported[3].contains("\"reason\":\"sync now\"") && exported[3].contains("\"service\":\"github.com\""))
 
         // No secret byte in the file, neither as text nor as hex.
         let text = try String(contentsOfFile: file, encoding: .utf8)
@@ -115,11 +117,11 @@ import KeyholdTestSupport
             #expect(r.stdoutText == "export BROKEN at \(expected)\n", sourceLocation: sourceLocation)
         }
         var e = exported
-        e[2] = e[2].replacingOccurrences(of: "\"reason\":\"sync now\"", with: "\"reason\":\"sync later\"")
-        try expectBroken(e, "entry 2: readable-mismatch")
-        e = exported
-        e[3] = e[3].replacingOccurrences(of: "\"service\":\"mail\"", with: "\"service\":\"bank\"")
+        e[3] = e[3].replacingOccurrences(of: "\"reason\":\"sync now\"", with: "\"reason\":\"sync later\"")
         try expectBroken(e, "entry 3: readable-mismatch")
+        e = exported
+        e[4] = e[4].replacingOccurrences(of: "\"service\":\"mail\"", with: "\"service\":\"bank\"")
+        try expectBroken(e, "entry 4: readable-mismatch")
         e = exported
         e[4] = e[4].replacingOccurrences(of: "\"uid\":0", with: "\"uid\":1000")
         try expectBroken(e, "entry 4: readable-mismatch")

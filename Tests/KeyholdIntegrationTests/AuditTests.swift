@@ -35,7 +35,10 @@ import KeyholdTestSupport
             (["audit", "verify"], [], [:], "audit-verify", "granted", "none", "ok"),
         ]
         for (cmd, stdin, env, _, _, _, _) in steps { b.cli(cmd, stdin: stdin, environment: env) }
-        let rows = entries(b)
+        // The broker's start comes first (the key protector it opened the vault with).
+        let all = entries(b)
+        #expect(all.first?["operation"] as? String == "broker-start" && (all.first?["reason"] as? String)?.hasPrefix("key-protector=") == true)
+        let rows = Array(all.dropFirst())
         // The last row is the `audit` query that produced the listing.
         #expect(rows.count == steps.count + 1, "\(rows.count) rows")
         for (i, step) in steps.enumerated() where i < rows.count {
@@ -46,7 +49,7 @@ import KeyholdTestSupport
             #expect(r["outcome"] as? String == step.6, "step \(i) \(step.0)")
             #expect(r["uid"] as? Int == 0)
             #expect((r["executable"] as? String)?.hasSuffix("/keyhold") == true)
-            #expect((r["seq"] as? Int) == i + 1)
+            #expect((r["seq"] as? Int) == i + 2)  // after the start entry
         }
         #expect(rows[2]["reason"] as? String == "because")
         #expect(rows[2]["service"] as? String == "svc" && rows[2]["account"] as? String == "acct")
@@ -54,7 +57,7 @@ import KeyholdTestSupport
         #expect(rows.last?["operation"] as? String == "audit-read")
         // The chain over all of it verifies.
         let v = b.cli(["audit", "verify"])
-        #expect(v.status == 0 && v.stdoutText.contains("verified: \(steps.count + 1) entries"), "\(v.stdoutText)")
+        #expect(v.status == 0 && v.stdoutText.contains("verified: \(steps.count + 2) entries"), "\(v.stdoutText)")
         // The table view works too.
         #expect(b.cli(["audit"]).stdoutText.contains("OPERATION"))
 

@@ -169,6 +169,9 @@ import KeyholdTestSupport
         try b.start()
         let put = b.cli(["put", "svc", "new"], stdin: Array("n".utf8))
         #expect(put.status == 1 && put.stderr.contains("free-space reserve"), "\(put.status) \(put.stderr)")
+        // A rotation's write is an item write too: refused, and the stored secret stays.
+        let rotate = b.cli(["rotate", "svc", "kept", "--", "/bin/sh", "-c", "cat >/dev/null; printf rotated"])
+        #expect(rotate.status == 1 && rotate.stderr.contains("free-space reserve"), "\(rotate.status) \(rotate.stderr)")
         // The broker's own audit writes keep working: releases go on, each with its entry.
         #expect(b.cli(["get", "svc", "kept"]).stdoutText == "kept")
         let entries = auditEntries(b)

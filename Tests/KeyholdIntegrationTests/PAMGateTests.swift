@@ -175,6 +175,40 @@ import KeyholdTestSupport
         #expect(!audit.contains("item-pw") && !audit.contains(right))
     }
 
+    /// `rotate` passes the same gate as `get`: a reuse window granted by a `get` covers it (and
+    /// `keyhold lock` ends that), and an application-password item needs both answers, a wrong
+    /// one refusing before COMMAND sees anything.
+    @Test func rotateHonoursTheReuseWindowAndTheApplicationPassword() throws {
+        let b = try gatedFixture()
+        let marker = b.directory + "/ran"
+        #expect(b.cli(["put", "rw", "x", "--policy", "device-passcode", "--reuse", "60"], stdin: Array("r1".utf8)).status == 0)
+        let ask = b.askpass(answering: right)
+        let r = b.script("""
+            KEYHOLD_ASKPASS=\(ask) KH get rw x >/dev/null; echo "get=$?"
+            KH rotate rw x --no-interaction -- /bin/sh -c 'cat >/dev/null; printf r2'; echo "within=$?"
+            KH lock; echo "lock=$?"
+            KH rotate rw x --no-interaction -- /bin/sh -c 'touch \(marker); printf r3'; echo "after-lock=$?"
+            """)
+        #expect(r.stdoutText == "get=0\nwithin=0\nlock=0\nafter-lock=7\n", "\(r.stdoutText) \(r.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: marker), "COMMAND never ran once the window was closed")
+        let audit = b.cli(["audit", "--json", "--item", "rw/x"]).stdoutText
+        #expect(audit.contains("\"method\":\"reuse\""), "\(audit)")
+
+        let put = b.cli(["put", "ap", "x", "--policy", "device-passcode+app-password"], stdin: Array("a1".utf8),
+                        environment: ["KEYHOLD_ASKPASS": b.askpass(password: right, appPassword: "item-pw", name: "ap-put")])
+        #expect(put.status == 0, "\(put.stderr)")
+        let wrongApp = b.cli(["rotate", "ap", "x", "--", "/bin/sh", "-c", "touch \(marker); printf a2"],
+                             environment: ["KEYHOLD_ASKPASS": b.askpass(password: right, appPassword: "nope", name: "ap-wrong")])
+        #expect(wrongApp.status == 6, "\(wrongApp.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: marker), "COMMAND never saw the secret after a wrong item password")
+        let both = b.cli(["rotate", "ap", "x", "--print", "--", "/bin/sh", "-c", "cat >/dev/null; printf a2"],
+                         environment: ["KEYHOLD_ASKPASS": b.askpass(password: right, appPassword: "item-pw", name: "ap-both")])
+        #expect(both.status == 0 && both.stdoutText == "a2", "\(both.stderr)")
+        let read = b.cli(["get", "ap", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(password: right, appPassword: "item-pw", name: "ap-get")])
+        #expect(read.status == 0 && read.stdoutText == "a2", "the new secret is sealed under the same item password: \(read.stderr)")
+        #expect(!b.cli(["audit", "--json", "--item", "ap/x"]).stdoutText.contains("item-pw"))
+    }
+
     @Test func changingThePolicyNeedsTheOldOne() throws {
         let b = try gatedFixture()
         #expect(b.cli(["put", "c", "x", "--policy", "device-passcode"], stdin: Array("old".utf8)).status == 0)

@@ -112,6 +112,12 @@ import KeyholdTestSupport
         let stale = b.cli(["put", "idp", "me", "--update", "--if-generation", "1"], stdin: Array("three".utf8))
         #expect(stale.status == 14, "\(stale.stderr)")
         #expect(current(b).secret == "two" && current(b).generation == 2)
+
+        // An item that is gone is not at any generation: conflict, and nothing is created.
+        #expect(b.cli(["rm", "idp", "me"]).status == 0)
+        let gone = b.cli(["put", "idp", "me", "--update", "--if-generation", "2"], stdin: Array("four".utf8))
+        #expect(gone.status == 14, "\(gone.stderr)")
+        #expect(b.cli(["state", "idp", "me"]).stdoutText == "not-found\n")
     }
 
     @Test func tamperedGenerationColumnFailsIntegrity() throws {

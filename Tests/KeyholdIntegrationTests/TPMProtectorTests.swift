@@ -60,10 +60,14 @@ import KeyholdTestSupport
         let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
         #expect(b.cli(["status"]).stdoutText.hasPrefix("key-protector=file "))
+        // The audit says which protector kept the key at each start, the file one included.
+        let starts = b.cli(["audit", "--json"]).stdoutText.split(separator: "\n").filter { $0.contains("broker-start") }
+        #expect(starts.contains { $0.contains("key-protector=file") }, "\(starts)")
         b.stop()
         // The key as the file protector kept it: what must not be on disk afterwards.
         let key = [UInt8](try Data(contentsOf: URL(fileURLWithPath: b.stateDirectory + "/vault.key")))
         #expect(b.brokerLog.contains("key protector: file: the vault key sits on disk"))
+        #expect(b.brokerLog.contains("rollback of the state directory is NOT detected"), "\(b.brokerLog)")
         #expect(key.count == 32)
         let migrated = runWithTimeout(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--migrate-key-protector", "tpm",
                                                            "--tpm-tcti", tpm.tcti], seconds: 60)

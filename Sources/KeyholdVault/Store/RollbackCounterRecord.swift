@@ -4,8 +4,8 @@ import KeyholdCore
 /// a record copied from a newer vault into an older copy names a head the older copy does not
 /// have, and an edited one does not verify.
 ///
-/// Hook (issue 13 item 2 / issue 8 item 6): when the item-generation record lands, bind its
-/// value here too (a field after the head MAC), so a row-level rollback is tied to the counter.
+/// The item-generation record is tagged to the same audit head, so the two meet through the
+/// chain; binding its value here too (a field after the head MAC) would tie them directly.
 extension VaultStore {
     /// The recorded counter, or nil when none was ever recorded; `.integrity` when the record
     /// is altered or names an audit head this vault does not have.
