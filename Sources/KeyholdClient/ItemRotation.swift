@@ -39,7 +39,10 @@ extension Vault {
         defer { conn.close() }
         let response = try conn.perform(r, interaction: interaction, onRotation: { current, _ in
             do {
-                let next = try body(current)
+                var next = try body(current)
+                // `current` is wiped once this returns, before the reply is sent: a body that
+                // hands it back (the token is still good) must not store zeros.
+                if next === current { next = current.withUnsafeBytes { SecureBytes(copying: $0) } }
                 guard next.count <= Limits.maxSecretBytes else {
                     next.wipe()
                     failure = .invalidRequest("the new secret exceeds the \(Limits.maxSecretBytes)-byte limit; nothing changed")
