@@ -97,6 +97,77 @@ import KeyholdTestSupport
         try b.start()
         #expect(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "right-password", name: "right2")]).stdoutText == "v")
     }
+
+    /// The lockout record cannot be *read*: the uid's row is corrupted in the file while the
+    /// broker is down (its record header claims more bytes than the row holds), so SQLite
+    /// answers SQLITE_CORRUPT to reading it, while writing the row over would still succeed.
+    /// A record that cannot be read is never "not locked out": nothing is released, PAM never runs.
+    @Test func lockoutRecordReadFailureLocksOut() throws {
+        let probe = try BrokerFixture()
+        probe.stop()
+        let log = probe.directory + "/pam-runs"
+        let b = try BrokerFixture(passwords: ["root": "right-password"], pamDirectory: try probe.pamDirectoryLoggingItems(to: log))
+        #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: Array("v".utf8)).status == 0)
+        #expect(b.cli(["put", "open", "x"], stdin: Array("o".utf8)).status == 0)
+        // One wrong guess: root's lockout row exists (1 failure).
+        #expect(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: "guess", name: "guess")]).status == 6)
+        #expect(pamRuns(log) == 1)
+        b.stop()
+        let path = b.stateDirectory + "/vault.db"
+        let (offset, original) = try corruptLockoutRow(path)
+        try b.start()
+        let right = ["KEYHOLD_ASKPASS": b.askpass(answering: "right-password", name: "right")]
+        for i in 1...3 {
+            let r = b.cli(["get", "gated", "x"], environment: right)
+            #expect(r.status == 12 && r.stdout.isEmpty, "attempt \(i): \(r.status) \(r.stderr)")
+        }
+        #expect(pamRuns(log) == 1, "PAM never ran while the record could not be read")
+        // Items that need no authentication are untouched; the listing still has both.
+        let ungated = b.cli(["get", "open", "x"])
+        #expect(ungated.status == 0 && ungated.stdoutText == "o")
+        let listed = b.cli(["ls"]).stdoutText
+        #expect(listed.contains("gated") && listed.contains("open"))
+        let audit = b.cli(["audit", "--json", "--item", "gated/x"]).stdoutText.split(separator: "\n").filter { $0.contains("\"operation\":\"get\"") }
+        #expect(audit.filter { $0.contains("\"outcome\":\"audit-unavailable\"") }.count == 3, "each refusal is audited")
+        #expect(!audit.contains { $0.contains("\"granted\"") })
+        // With the byte put back, the right password releases the item.
+        b.stop()
+        let fd = open(path, O_WRONLY)
+        #expect(fd >= 0 && pwrite(fd, [original], 1, offset) == 1)
+        close(fd)
+        try b.start()
+        let after = b.cli(["get", "gated", "x"], environment: right)
+        #expect(after.status == 0 && after.stdoutText == "v")
+        #expect(pamRuns(log) == 2)
+    }
+
+    /// Makes the one lockout row's record-header size larger than its payload (after a
+    /// checkpoint into the main file); returns the byte's offset and what it held.
+    func corruptLockoutRow(_ path: String) throws -> (off_t, UInt8) {
+        let db = try Database(path: path)
+        _ = try db.pragma("wal_checkpoint(TRUNCATE)")
+        let root = try db.withStatement("SELECT rootpage FROM sqlite_master WHERE name = 'lockout'") { (s) throws(DatabaseError) in
+            try s.step() ? s.int64(0) : 0
+        }
+        let pageSize = Int(try db.pragma("page_size") ?? "") ?? 0
+        db.close()
+        #expect(root > 1 && pageSize > 0)
+        let pageStart = off_t(Int(root - 1) * pageSize)
+        let fd = open(path, O_RDWR)
+        defer { close(fd) }
+        var page = [UInt8](repeating: 0, count: pageSize)
+        #expect(pread(fd, &page, pageSize, pageStart) == pageSize)
+        // A table leaf page with one cell: payload size and rowid (uid 0) are one-byte varints,
+        // then the record, whose first byte is its header's size.
+        #expect(page[0] == 0x0D && page[3] == 0 && page[4] == 1, "one row in a table leaf page")
+        let cell = Int(page[8]) << 8 | Int(page[9])
+        let payload = page[cell]
+        #expect(payload < 0x80 && page[cell + 1] == 0)
+        let offset = pageStart + off_t(cell + 2)
+        let original = page[cell + 2]
+        #expect(pwrite(fd, [payload + 1], 1, offset) == 1)
+        return (offset, original)
+    }
 }
 
 final class StatusBox: @unchecked Sendable {
