@@ -20,7 +20,10 @@ extension Vault {
     /// `body` throws, or `timeout` seconds (the lease's lifetime) pass, nothing changes.
     /// While another caller holds the lease this waits (up to `timeout`); if that caller then
     /// changed the item, its new secret is returned without calling `body`: one refresh for
-    /// all of them. The returned secret belongs to the caller (wipe it when done).
+    /// all of them. The returned secret belongs to the caller (wipe it when done). `current`
+    /// is wiped once `body` returns: copy what must outlive it. An error `body` throws other
+    /// than a `KeyholdError` reaches the caller with its description in the message, so it
+    /// should not carry the secret.
     /// `expires` (µs since the epoch) is stored with the new secret; nil stores none.
     public func rotate(service: String, account: String, reason: String? = nil, timeout: UInt32? = nil,
                        expires: Int64? = nil, interaction: Interaction? = nil,
