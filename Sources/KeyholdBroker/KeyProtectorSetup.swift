@@ -61,9 +61,14 @@ enum KeyProtectorSetup {
         return "rollback of the state directory is NOT detected"
     }
 
-    /// The audit entry of every start: proof in the chain of how the key was kept.
+    /// The audit entry of every start: proof in the chain of how the key was kept (the PCRs
+    /// the sealed blob names, whatever `--tpm-pcrs` says this time).
     static func startAudit(_ kind: KeyProtectorKind, _ options: BrokerOptions, executable: String) -> AuditRecord {
-        let reason = kind == .tpm ? "key-protector=tpm pcrs=\(options.tpmPCRs)" : "key-protector=file"
+        var reason = "key-protector=file"
+        if kind == .tpm {
+            let pcrs = TPMKeyProtector.boundPCRs(path: options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName)
+            reason = "key-protector=tpm pcrs=\(pcrs?.description ?? "unknown")"
+        }
         return AuditRecord(time: currentMicroseconds(), callerUID: geteuid(), callerPID: getpid(), executable: executable,
                            operation: .brokerStart, decision: .granted, reason: reason, outcome: .ok)
     }

@@ -32,7 +32,7 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
     }
 
     /// The TSS's own text for a response code, e.g. "tpm:parameter(2):integrity check failed".
-    static func text(_ rc: UInt32) -> String {
+    public static func text(_ rc: UInt32) -> String {
         let hex = "0x" + String(rc, radix: 16)
         guard let p = Tss2_RC_Decode(rc) else { return hex }
         return String(cString: p) + " " + hex

@@ -7,10 +7,10 @@ import KeyholdVault
 /// What the TPM key protector adds: the same broker with `--key-protector file` and with
 /// `--key-protector tpm` on Debian's swtpm (a real TPM is slower per command: tens of ms for
 /// an unseal, so these figures are lower bounds). The TPM is used at start (unseal, counter
-/// check), for changes that matter for rollback (rm here: one NV increment), and, for any
-/// request, to re-read the counter when the broker's cached value is over 1 s old
-/// (RollbackWatch.swift); every store access also compares the vault's counter record with
-/// that cached value (no TPM command).
+/// check), for changes that matter for rollback (`put --update` and rm here: one NV increment
+/// each), and, for any request, to re-read the counter when the broker's cached value is over
+/// 1 s old (RollbackWatch.swift); every store access also compares the vault's counter record
+/// with that cached value (no TPM command).
 @MainActor func measureTPMCost(bin: String, samples: Int = 300) {
     let swtpm = "/usr/bin/swtpm"
     guard access(swtpm, X_OK) == 0 else {
@@ -32,7 +32,7 @@ import KeyholdVault
     defer { tpm.terminate(); tpm.waitUntilExit() }
     for _ in 0..<500 where access(tpmSocket + ".ctrl", F_OK) != 0 { usleep(10_000) }
 
-    var results: [String: (start: Double, put: Double, rm: Double, get: Double)] = [:]
+    var results: [String: (start: Double, put: Double, update: Double, rm: Double, get: Double)] = [:]
     for protector in ["file", "tpm"] {
         let state = dir + "/state-" + protector, socket = dir + "/broker-\(protector).sock"
         let arguments = ["--state-dir", state, "--socket", socket, "--fprint-state-dir", dir,
@@ -62,7 +62,7 @@ import KeyholdVault
             if i < 4 { p.terminate(); p.waitUntilExit() } else { broker = p }
         }
         let vault = Vault(socketPath: socket)
-        var puts: [Double] = [], gets: [Double] = [], rms: [Double] = []
+        var puts: [Double] = [], gets: [Double] = [], updates: [Double] = [], rms: [Double] = []
         let value = SecureBytes(copying: Array(repeating: UInt8(ascii: "t"), count: 64))
         for i in 0..<samples {
             var t0 = now()
@@ -74,11 +74,17 @@ import KeyholdVault
         }
         for i in 0..<samples {
             let t0 = now()
+            try! vault.update(value, service: "tpm-bench.example", account: "a\(i)")
+            updates.append(now() - t0)
+        }
+        for i in 0..<samples {
+            let t0 = now()
             try! vault.delete(service: "tpm-bench.example", account: "a\(i)")
             rms.append(now() - t0)
         }
         broker?.terminate(); broker?.waitUntilExit()
-        results[protector] = (percentile(starts, 0.5), percentile(puts, 0.5), percentile(rms, 0.5), percentile(gets, 0.5))
+        results[protector] = (percentile(starts, 0.5), percentile(puts, 0.5), percentile(updates, 0.5), percentile(rms, 0.5),
+                              percentile(gets, 0.5))
     }
     let f = results["file"]!, t = results["tpm"]!
     func line(_ what: String, _ a: Double, _ b: Double, _ note: String = "") {
@@ -86,6 +92,7 @@ import KeyholdVault
     }
     line("broker start-up (existing vault)", f.start, t.start)
     line("put (new item)", f.put, t.put, " (record check; a TPM read at most once a second)")
+    line("put --update", f.update, t.update, " (advances the TPM rollback counter)")
     line("rm", f.rm, t.rm, " (advances the TPM rollback counter)")
     line("get", f.get, t.get, " (record check; a TPM read at most once a second)")
 }

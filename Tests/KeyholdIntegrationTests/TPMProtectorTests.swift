@@ -211,6 +211,36 @@ import KeyholdTestSupport
         b.stop()
     }
 
+    /// An audit prune advances the TPM counter (one NV increment, read with tpm2-tools), so the
+    /// state directory copied before the prune, with the pruned entries still in it, is refused.
+    @Test func auditPruneAdvancesTheCounterAndTheCopyBeforeItIsRefused() throws {
+        let tpm = try SoftwareTPM()
+        let b = try BrokerFixture(extraArguments: args(tpm))
+        #expect(b.cli(["put", "svc", "acct"], stdin: Array("v".utf8)).status == 0)
+        b.stop()
+        let snapshot = b.directory + "/snapshot"
+        copy(b.stateDirectory, snapshot)
+        try b.start()
+        let index = try #require(TPMRunningBrokerTests().counterIndex(tpm))
+        let before = try #require(TPMRunningBrokerTests().counterValue(tpm, index))
+        let prune = b.cli(["audit", "prune", "--until", "now"])
+        #expect(prune.status == 0 && prune.stderr.contains("pruned "), "\(prune.status) \(prune.stderr)")
+        let after = try #require(TPMRunningBrokerTests().counterValue(tpm, index))
+        #expect(after == before + 1, "prune moved the counter from \(before) to \(after)")
+        b.stop()
+        try b.start()   // the pruned vault itself is current
+        #expect(b.cli(["get", "svc", "acct"]).stdoutText == "v")
+        b.stop()
+
+        copy(snapshot, b.stateDirectory)
+        let refused = runWithTimeout(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--socket", b.directory + "/once.sock",
+                                                          "--syslog-socket", b.directory + "/no-log"] + args(tpm), seconds: 60)
+        #expect(refused.status == 13 && refused.stderr.contains("the vault was restored from an older copy"), "\(refused.status) \(refused.stderr)")
+        #expect(refused.stdout.isEmpty)
+        #expect(throws: (any Error).self) { try b.start() }
+        #expect(b.cli(["get", "svc", "acct"]).stdout.isEmpty)
+    }
+
     /// A counter record carried from the newer vault into the older copy does not help: it is
     /// bound to an audit head the older copy does not have.
     @Test func newerCounterRecordInAnOlderCopyIsIntegrity() throws {

@@ -25,8 +25,9 @@ public enum KeyProtectorFailure: Error, Equatable, Sendable, CustomStringConvert
     case tpmUnavailable(detail: String)
     /// The sealed key belongs to another TPM, or this TPM was cleared: nothing opens.
     case sealedElsewhere(detail: String)
-    /// The PCRs the key is bound to changed (firmware, boot loader or kernel update).
-    case pcrMismatch(detail: String)
+    /// The PCRs the key is bound to (`pcrs`, e.g. "0,7") changed (firmware, boot loader or
+    /// kernel update).
+    case pcrMismatch(pcrs: String, detail: String)
     /// The sealed-key file is not a Keyhold TPM blob.
     case blobMalformed
     /// The state directory holds the key under the other protector.
@@ -37,8 +38,8 @@ public enum KeyProtectorFailure: Error, Equatable, Sendable, CustomStringConvert
         case .tpmUnavailable(let d): "the vault key is sealed by a TPM, and no TPM answers: \(d)"
         case .sealedElsewhere(let d):
             "the vault key was sealed by another machine's TPM, or this machine's TPM was cleared since; it cannot be opened here (\(d))"
-        case .pcrMismatch(let d):
-            "the vault key is bound to PCR values that changed (firmware, boot loader or kernel update); restore the old boot state, or re-seal from a backup of the file protector (\(d))"
+        case .pcrMismatch(let pcrs, let d):
+            "the vault key is sealed to the values of PCRs \(pcrs) (SHA-256), and they changed since it was sealed (a firmware, boot loader or kernel update, or something extended them); the TPM released nothing. A re-seal is needed: boot the previous firmware/kernel (the vault opens there), run keyholdd --migrate-key-protector file, update, then --migrate-key-protector tpm; without the previous state only a backup kept with the file protector opens (\(d))"
         case .blobMalformed: "the sealed vault key file is malformed or was altered"
         case .protectedBy(let found, let wanted):
             "the vault key is kept by the \(found.rawValue) protector, not \(wanted.rawValue); convert it with keyholdd --migrate-key-protector \(wanted.rawValue)"
