@@ -36,7 +36,7 @@ import Testing
     /// Waits (bounded, not timed-asserted) for a `sleep` process at or below `root` whose
     /// cmdline has `marker`.
     static func sleeper(under root: Int32, marker: String) -> Int32? {
-        for _ in 0..<400 {
+        for _ in 0..<1500 {
             for pid in PAMFixture.processes(containing: marker) {
                 guard let comm = try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8),
                       comm == "sleep\n" else { continue }

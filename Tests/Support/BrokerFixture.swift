@@ -192,8 +192,9 @@ public final class BrokerFixture: @unchecked Sendable {
         p.standardError = log
         try p.run()
         process = p
-        // Ready when the socket accepts a connection.
-        for _ in 0..<400 {
+        // Ready when the socket accepts a connection (up to 30 s: a loaded CI machine may take
+        // seconds to start a broker; a ready one returns at once).
+        for _ in 0..<3000 {
             if canConnect() { return }
             if !p.isRunning { throw FixtureError.brokerExited(p.terminationStatus, brokerLog) }
             usleep(10_000)
