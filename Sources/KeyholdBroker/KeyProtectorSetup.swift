@@ -48,10 +48,22 @@ enum KeyProtectorSetup {
     static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> String {
         switch kind {
         case .tpm:
-            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM; rollback is detected by a TPM counter"
+            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM" + pcrText(options)
+                + "; rollback is detected by a TPM counter"
         case .file:
             "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
         }
+    }
+
+    /// The PCRs the sealed key is bound to, and a warning when `--tpm-pcrs` asks for others:
+    /// it binds only a newly sealed key, so it is ignored for an existing one.
+    static func pcrText(_ options: BrokerOptions) -> String {
+        guard let bound = TPMKeyProtector.boundPCRs(path: options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName) else { return "" }
+        var text = bound.isEmpty ? " (bound to no PCRs)" : " (bound to PCRs \(bound))"
+        if !options.tpmPCRs.isEmpty && options.tpmPCRs != bound {
+            text += "; --tpm-pcrs \(options.tpmPCRs) is ignored: the key is already sealed (to change the PCRs, --migrate-key-protector file, then tpm)"
+        }
+        return text
     }
 
     static func rollbackLine(_ options: BrokerOptions) -> String {

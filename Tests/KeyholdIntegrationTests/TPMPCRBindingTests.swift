@@ -33,7 +33,15 @@ import KeyholdTestSupport
         try b.start()
         #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
         #expect(starts(b).last?.contains("key-protector=tpm pcrs=7,16") == true, "\(starts(b))")
+        #expect(b.brokerLog.contains("sealed by this machine's TPM (bound to PCRs 7,16)"), "\(b.brokerLog)")
         b.stop()
+        // Another list for an existing key is ignored, and the start-up line says so.
+        b.extraArguments = plain + ["--tpm-pcrs", "7"]
+        try b.start()
+        #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
+        #expect(b.brokerLog.contains("--tpm-pcrs 7 is ignored: the key is already sealed"), "\(b.brokerLog)")
+        b.stop()
+        b.extraArguments = plain
 
         let before = pcr16(tpm)
         try tpm.extendPCR(16)
