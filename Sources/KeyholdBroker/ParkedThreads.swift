@@ -4,7 +4,8 @@ import KeyholdCore
 /// Connection threads that, after their connection, park for the next one instead of exiting:
 /// creating and tearing down a thread (stack mapping, clone, exit) per `get` was a visible part
 /// of the broker's CPU. A connection still never waits for another: when no parked thread is
-/// free, a new one is started, as before. At most `maxParked` wait; the rest exit.
+/// free, a new one is started, as before. At most `maxParked` wait; the rest exit (256: with
+/// 64 it was fewer than 64 clients keep busy, so threads were made and torn down per request).
 final class ParkedThreads: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private let wake: UnsafeMutablePointer<pthread_cond_t>
@@ -14,7 +15,7 @@ final class ParkedThreads: @unchecked Sendable {
     private var pending: [@Sendable () -> Void] = []
     let maxParked: Int
 
-    init(maxParked: Int = 64) {
+    init(maxParked: Int = 256) {
         self.maxParked = maxParked
         mutex = .allocate(capacity: 1)
         wake = .allocate(capacity: 1)

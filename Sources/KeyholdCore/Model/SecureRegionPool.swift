@@ -6,12 +6,15 @@ import CSodium
 /// protection change is a TLB shootdown on all cores: a broker `get` made several of them, and
 /// they were its largest CPU cost. A region is only pooled after its used bytes were zeroed
 /// (`SecureBytes.deinit`), so the pool holds no secret; its guard pages and lock stay in place.
-/// Bounded per size class (small regions) so a burst does not keep much locked memory.
+/// Bounded per size class so a burst does not keep much locked memory: 256 of each class up
+/// to 256 B (keys, MACs, a token: what every request takes, several at once per request in
+/// flight; with 32 the pool ran dry under 64 clients and every get paid the syscalls again),
+/// 32 up to 4 KiB, 4 above: at most about 3.5 MiB of regions kept.
 enum SecureRegionPool {
     /// Size classes 64 B … 64 KiB; larger buffers are allocated and freed directly.
     static let smallest = 64
     static let classCount = 11
-    static func keep(_ sizeClass: Int) -> Int { sizeClass <= 6 ? 32 : 4 }  // ≤ 4 KiB: 32 each
+    static func keep(_ sizeClass: Int) -> Int { sizeClass <= 2 ? 256 : sizeClass <= 6 ? 32 : 4 }
 
     private final class Shelves: @unchecked Sendable {
         let mutex: UnsafeMutablePointer<pthread_mutex_t>
