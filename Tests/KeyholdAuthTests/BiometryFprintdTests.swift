@@ -51,10 +51,9 @@ import Testing
         defer { live.stop() }
         let abandoned = try FprintEnvironment.start()
         defer { abandoned.stop() }
-        // make `abandoned` look like the environment of a test process that crashed
-        let gone = try SpawnedProcess.spawn("/bin/true", [], environment: [:], log: "/dev/null")
-        #expect(gone.waitForExit(timeout: 10))
-        try "\(gone.pid)\n".write(toFile: abandoned.directory + "/owner", atomically: false, encoding: .utf8)
+        // make `abandoned` look like the environment of a test process that crashed: its lock
+        // on `owner` is gone (as when the kernel closes a dead process's files)
+        abandoned.dropOwnerLockAsIfCrashed()
         let abandonedPIDs = abandoned.processIDs
         FprintEnvironment.reapAbandoned()
         for pid in abandonedPIDs { #expect(!FprintEnvironment.isAlive(pid), "abandoned pid \(pid)") }

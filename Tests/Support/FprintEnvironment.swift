@@ -87,6 +87,9 @@ public final class FprintEnvironment: @unchecked Sendable {
     private var fprintdProcess: SpawnedProcess?
     private var touches: [FprintTouch] = []
     private var stopped = false
+    /// Held (shared flock on `owner`) while this environment lives: how `reapAbandoned` of
+    /// another test process, in any PID namespace, tells a live environment from an abandoned one.
+    private var ownerLock: Int32 = -1
     private var logCounter = 0
     /// user → finger → print id, as enrolled through this environment.
     private var enrolledPrints: [String: [String: String]] = [:]
@@ -125,10 +128,15 @@ public final class FprintEnvironment: @unchecked Sendable {
         mkdir(dir + "/state", 0o755)
         mkdir(dir + "/run", 0o755)
         mkdir(dir + "/logs", 0o755)
+        let ownerLock = lockedOwnerFile(dir)
+        guard ownerLock >= 0 else {
+            removeTree(dir)
+            throw FprintEnvironmentError.startFailed("owner file", log: "errno \(errno)")
+        }
         do {
-            try "\(getpid())\n".write(toFile: dir + "/owner", atomically: false, encoding: .utf8)
             try busConfig(dir).write(toFile: dir + "/system-bus.conf", atomically: false, encoding: .utf8)
         } catch {
+            close(ownerLock)
             removeTree(dir)
             throw error
         }
@@ -162,6 +170,7 @@ public final class FprintEnvironment: @unchecked Sendable {
 
         recordDaemon(bus, in: dir)
         let env = FprintEnvironment(driver: driver, directory: dir, busAddress: address)
+        env.ownerLock = ownerLock
         env.dbus = bus
         do {
             let polkit = try launch(systemPython, ["-m", "dbusmock", "--system", "--template", "polkitd"],
@@ -247,6 +256,10 @@ public final class FprintEnvironment: @unchecked Sendable {
         for t in ts { t.cancel() }
         for p in procs { p.stop() }
         unlink(directory + "/owner")  // stopped properly: nothing here for reapAbandoned()
+        lock.withLock {
+            if ownerLock >= 0 { close(ownerLock) }
+            ownerLock = -1
+        }
         if ProcessInfo.processInfo.environment["KEYHOLD_KEEP_FPRINT_DIR"] == nil {
             Self.removeTree(directory)
         }
@@ -428,8 +441,33 @@ public final class FprintEnvironment: @unchecked Sendable {
 
     // MARK: crash safety net
 
+    /// What the death of the owning process does to its lock (the reaper's test uses it).
+    public func dropOwnerLockAsIfCrashed() {
+        lock.withLock {
+            if ownerLock >= 0 { close(ownerLock) }
+            ownerLock = -1
+        }
+    }
+
+    /// `owner` (the creating pid, for people reading /tmp), under a shared flock the owner holds
+    /// until stop() or its death. Created under another name and renamed once locked, so a
+    /// reaper never sees it unlocked while its owner lives. The fd, or -1.
+    static func lockedOwnerFile(_ dir: String) -> Int32 {
+        let fd = open(dir + "/owner.new", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { return -1 }
+        let line = Array("\(getpid())\n".utf8)
+        guard flock(fd, LOCK_SH) == 0, write(fd, line, line.count) == line.count,
+              rename(dir + "/owner.new", dir + "/owner") == 0 else {
+            close(fd)
+            return -1
+        }
+        return fd
+    }
+
     /// A test process that crashes never runs stop(), and its daemons would outlive it. So
-    /// each start() first reaps environments whose owner process is gone: it SIGKILLs only
+    /// each start() first reaps environments whose owner process is gone (nobody holds the
+    /// lock on its `owner` file; a pid would not do, as runs in other PID namespaces share
+    /// /tmp and their pids mean nothing here): it SIGKILLs only
     /// pids recorded in that environment's `daemons` file whose command line or environment
     /// still names that directory (a recycled pid does not), then removes the directory.
     /// Environments of live test processes (another suite, another run) are left alone.
@@ -437,9 +475,11 @@ public final class FprintEnvironment: @unchecked Sendable {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }
         for name in names where name.hasPrefix("khfp-") && name.utf8.count == 11 {
             let dir = "/tmp/" + name
-            guard let owner = try? String(contentsOfFile: dir + "/owner", encoding: .utf8),
-                  let ownerPID = Int32(owner.trimmingCharacters(in: .whitespacesAndNewlines)),
-                  !isAlive(ownerPID) else { continue }
+            let owner = open(dir + "/owner", O_RDONLY | O_CLOEXEC)
+            guard owner >= 0 else { continue }
+            let abandoned = flock(owner, LOCK_EX | LOCK_NB) == 0
+            close(owner)
+            guard abandoned else { continue }
             let recorded = (try? String(contentsOfFile: dir + "/daemons", encoding: .utf8)) ?? ""
             var killed: [Int32] = []
             for line in recorded.split(separator: "\n") {
