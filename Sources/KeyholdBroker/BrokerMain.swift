@@ -58,6 +58,8 @@ public enum BrokerMain {
                             protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
                             anchor: anchor, counter: counter)
 
+        // Before the socket listens: whoever can connect can also read how the key is kept.
+        broker.log(KeyProtectorSetup.startLine(protector, options))
         let listener: Int32
         do throws(ListenerError) {
             listener = try Listener.bind(path: options.socketPath, mode: options.socketMode)
@@ -72,7 +74,6 @@ public enum BrokerMain {
                 broker.flushRefusedBursts()
             }
         }
-        broker.log(KeyProtectorSetup.startLine(protector, options))
         broker.log("serving \(options.socketPath) from \(options.stateDirectory)")
         Listener.serve(listener, broker: broker)
     }
