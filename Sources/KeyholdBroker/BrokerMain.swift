@@ -43,14 +43,20 @@ public enum BrokerMain {
             protector = try KeyProtectorSetup.resolve(options)
             store = try VaultStore.open(stateDirectory: options.stateDirectory,
                                         keyProtector: KeyProtectorSetup.protector(protector, options))
-            try store.append(KeyProtectorSetup.startAudit(protector, options, executable: helper))
         } catch {
             fail("cannot open the vault in \(options.stateDirectory): \(error)")
         }
+        // The rollback checks see the head as it was found: an entry written first would move a
+        // copy one entry behind its anchor up to it, and the restore would pass.
         let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
         if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
         let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
         if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
+        do throws(StoreError) {
+            try store.append(KeyProtectorSetup.startAudit(protector, options, executable: helper))
+        } catch {
+            fail("cannot audit the start in \(options.stateDirectory): \(error)", code: Int32(Outcome.auditUnavailable.rawValue))
+        }
         let authenticator = PAMAuthenticator(helperExecutable: pamHelper, serviceDirectory: options.pamDirectory)
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
                             syslog: AuditSyslog(socketPath: options.syslogSocket),

@@ -17,6 +17,27 @@ import KeyholdTestSupport
         #expect(runCommand("/bin/cp", ["-a", from, to]).status == 0)
     }
 
+    /// A copy taken while the broker ran (idle, so the WAL is whole), one entry behind the
+    /// anchor: the start must compare before it writes its own entry, or that entry would
+    /// bring the copy's head up to the anchor and the removed token would be served again.
+    @Test func aCopyOneEntryBehindIsRefused() throws {
+        let outside = TestPaths.temporaryDirectory("kha")
+        defer { try? FileManager.default.removeItem(atPath: outside) }
+        let anchor = outside + "/anchor"
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
+        #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
+        let snapshot = b.directory + "/snapshot"
+        copy(b.stateDirectory, snapshot)
+        #expect(b.cli(["rm", "revoked", "token"]).status == 0)  // exactly one entry
+        b.stop()
+        copy(snapshot, b.stateDirectory)
+        let refused = startOnce(b, ["--key-protector", "file", "--rollback-anchor", anchor])
+        #expect(refused.status == 13, "\(refused.status) \(refused.stderr)")
+        #expect(refused.stderr.contains("the vault was restored from an older copy"), "\(refused.stderr)")
+        #expect(throws: (any Error).self) { try b.start() }
+        #expect(b.cli(["get", "revoked", "token"]).stdout.isEmpty)
+    }
+
     @Test func restoredStateDirectoryIsRefusedUntilAccepted() throws {
         let outside = TestPaths.temporaryDirectory("kha")
         defer { try? FileManager.default.removeItem(atPath: outside) }
