@@ -109,9 +109,15 @@ final class TPMRollbackCounter: Sendable {
         let from = scanned.withLock { $0 }
         guard let head = try? store.authenticatedHeadSequence(), head > from else { return .current }
         scanned.withLock { $0 = head }
-        // A failure to read what changed counts as a change: one NV write too many, never a
-        // change left out of the counter.
-        guard (try? store.rollbackRelevantChange(after: from)) ?? true else { return .current }
+        // Not knowing what changed stops the broker, as a counter that cannot move does:
+        // skipping could leave a change out of the counter, and counting on every error would
+        // write the TPM's NV on every request while the fault lasts.
+        let relevant: Bool
+        do throws(StoreError) { relevant = try store.rollbackRelevantChange(after: from) } catch {
+            BrokerMain.fail("the vault could not tell whether its last changes need the TPM rollback counter (\(error)); stopping before answering",
+                            code: Int32(Outcome.brokerUnavailable.rawValue))
+        }
+        guard relevant else { return .current }
         do throws(TPMError) {
             let device = try TPMDevice(tcti: tcti)
             guard let current = try device.readCounter(index: index) else { throw TPMError.unexpectedResponse }
