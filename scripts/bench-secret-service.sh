@@ -5,7 +5,8 @@
 # root (it starts keyholdd and a throwaway user). Then, against the same vaults (the last size),
 # `git credential fill` through git-credential-keyhold beside git's `store` helper and
 # git-credential-libsecret (built from git's contrib source) on gnome-keyring, LOOKUPS each, as
-# p50s and ratios; GIT_FILL=0 skips that part.
+# p50s and ratios; GIT_FILL=0 skips that part. It installs libsecret-1-dev and pkg-config
+# with apt-get when they are missing (to build git-credential-libsecret).
 #   scripts/bench-secret-service.sh [SIZES="1000 10000"] [LOOKUPS=200] [BUILD_DIR=.build/release]
 set -euo pipefail
 SIZES=${1:-1000 10000}; L=${2:-200}; BIN=$(cd "${3:-.build/release}" && pwd)

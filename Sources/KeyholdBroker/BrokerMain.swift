@@ -48,12 +48,15 @@ public enum BrokerMain {
         }
         // The rollback checks see the head as it was found: an entry written first would move a
         // copy one entry behind its anchor up to it, and the restore would pass.
+        var startEntries: [AuditRecord] = []  // copied to the system log once the broker exists
         let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
-        if let anchor { RollbackAnchorStart.check(anchor, store, options, executable: helper) }
+        if let anchor, let accepted = RollbackAnchorStart.check(anchor, store, options, executable: helper) { startEntries.append(accepted) }
         let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
-        if let counter { TPMRollbackStart.check(counter, store, options, executable: helper) }
+        if let counter, let accepted = TPMRollbackStart.check(counter, store, options, executable: helper) { startEntries.append(accepted) }
         do throws(StoreError) {
-            try store.append(KeyProtectorSetup.startAudit(protector, options, executable: helper))
+            let start = KeyProtectorSetup.startAudit(protector, options, executable: helper)
+            try store.append(start)
+            startEntries.append(start)
         } catch {
             fail("cannot audit the start in \(options.stateDirectory): \(error)", code: Int32(Outcome.auditUnavailable.rawValue))
         }
@@ -63,6 +66,7 @@ public enum BrokerMain {
                             reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve),
                             protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
                             anchor: anchor, counter: counter)
+        for entry in startEntries { broker.syslog.record(entry) }
 
         // Before the socket listens: whoever can connect can also read how the key is kept.
         broker.log(KeyProtectorSetup.startLine(protector, options))

@@ -164,11 +164,13 @@ enum ReuseScope: Hashable, Sendable {
 }
 
 extension Caller {
-    /// nil when the caller cannot be scoped (facts unreadable): no window at all.
+    /// nil when the caller cannot be scoped (facts unreadable): no window at all. A process
+    /// window needs the request tied to that one process: sent by it alone, on the connection
+    /// it made (else a process holding another's connection would use its window).
     var reuseScope: ReuseScope? {
         if sessionID > 0 { return .session(sessionID) }
-        if sessionID == 0, pid > 0, startTime > 0 { return .process(pid: pid, startTime: startTime) }
-        return nil
+        guard sessionID == 0, pid > 0, startTime > 0, identityProblem == nil, peer?.pid == pid else { return nil }
+        return .process(pid: pid, startTime: startTime)
     }
 }
 

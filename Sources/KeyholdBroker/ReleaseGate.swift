@@ -316,6 +316,10 @@ final class ReleaseGate: Sendable {
         guard let scope = caller.reuseScope else { return }
         let now = clock.microseconds()
         reuse.withLock {
+            // Windows past the longest reuse time can never apply again: dropped, so the map
+            // stays as small as the callers of the last few minutes.
+            let oldest = now - Int64(Limits.maxReuseSeconds) * 1_000_000
+            if $0.count > 64 { $0 = $0.filter { $0.value.at >= oldest } }
             let key = ReuseKey(uid: caller.uid, scope: scope)
             var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
             if grant.at != 0 && now - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {

@@ -96,7 +96,8 @@ final class RollbackAnchor: Sendable {
 /// The start-up decision on the anchor: serve, or refuse with *integrity* until an
 /// administrator accepts the older copy.
 enum RollbackAnchorStart {
-    static func check(_ anchor: RollbackAnchor, _ store: VaultStore, _ options: BrokerOptions, executable: String) {
+    /// The accepted rollback's audit entry, if there was one (for its system-log copy).
+    static func check(_ anchor: RollbackAnchor, _ store: VaultStore, _ options: BrokerOptions, executable: String) -> AuditRecord? {
         let verdict: RollbackAnchor.Verdict
         do throws(StoreError) { verdict = try anchor.check(store) } catch {
             BrokerMain.fail("cannot check the rollback anchor \(anchor.path): \(error)", code: Int32(error.outcome.rawValue))
@@ -105,7 +106,7 @@ enum RollbackAnchorStart {
         switch verdict {
         case .fresh, .current:
             anchor.advance(store)
-            return
+            return nil
         case .rolledBack(let head, let anchored):
             problem = "integrity failure: the vault was restored from an older copy (its audit head is entry \(head), the rollback anchor \(anchor.path) records entry \(anchored))"
         case .foreign:
@@ -123,6 +124,7 @@ enum RollbackAnchorStart {
         // Re-anchor at the accepted copy's head (the anchor is behind or foreign: overwrite).
         anchor.reset()
         anchor.advance(store)
+        return record
     }
 }
 

@@ -18,6 +18,12 @@ extension Session {
 
     func rotate(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
+        // A rotation ends in an item write, so it stops short of the free-space reserve as a
+        // put does — here, before COMMAND gets the secret: refused at the end, the provider
+        // would already have replaced the token and the new one would be lost.
+        if broker.reserve.isLow {
+            return deny(request, .update, item: nil, Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+        }
         let seconds = Int64(request.timeoutSeconds ?? Limits.defaultRotationSeconds) * 1000
         // The gate's whole decision, application password included (checked and counted
         // there), exactly as for `get`.
@@ -97,10 +103,8 @@ extension Session {
     /// described the secret being replaced.
     private func commit(_ item: StoredItem, _ secret: SecureBytes, expires: Int64?, _ request: Request, method: AuthMethod,
                         appPassword: AppPasswordKey?) -> Response {
-        // A rotation writes an item too: it stops short of the free-space reserve as a put does.
-        if broker.reserve.isLow {
-            return deny(request, .update, item: item, Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
-        }
+        // No reserve check here: once COMMAND ran, its new token must be stored (the reserve is
+        // there for the broker's own writes; this replaces an existing item in place).
         let newItem = NewItem(service: item.service, account: item.account, label: item.label, kind: item.kind,
                               access: item.access, biometryState: item.biometryState, expires: expires)
         let audit = event(request, .update, item: item, decision: .granted, method: method, outcome: .ok).record()

@@ -107,7 +107,12 @@ final class TPMRollbackCounter: Sendable {
     /// last wrote (someone else moved it: a second copy of this vault served on this machine).
     func advance(_ store: VaultStore) -> Watch {
         let from = scanned.withLock { $0 }
-        guard let head = try? store.authenticatedHeadSequence(), head > from else { return .current }
+        let head: Int64
+        do throws(StoreError) { head = try store.authenticatedHeadSequence() } catch {
+            BrokerMain.fail("the vault's audit head could not be read to advance the TPM rollback counter (\(error)); stopping before answering",
+                            code: Int32(Outcome.brokerUnavailable.rawValue))
+        }
+        guard head > from else { return .current }
         scanned.withLock { $0 = head }
         // Not knowing what changed stops the broker, as a counter that cannot move does:
         // skipping could leave a change out of the counter, and counting on every error would
@@ -142,7 +147,8 @@ final class TPMRollbackCounter: Sendable {
 
 /// The start-up decision on the TPM counter, as for the anchor file.
 enum TPMRollbackStart {
-    static func check(_ counter: TPMRollbackCounter, _ store: VaultStore, _ options: BrokerOptions, executable: String) {
+    /// The accepted rollback's audit entry, if there was one (for its system-log copy).
+    static func check(_ counter: TPMRollbackCounter, _ store: VaultStore, _ options: BrokerOptions, executable: String) -> AuditRecord? {
         let verdict: TPMRollbackCounter.Verdict
         do throws(StoreError) { verdict = try counter.check(store) } catch {
             BrokerMain.fail("cannot check the TPM rollback counter: \(error)", code: Int32(error.outcome.rawValue))
@@ -152,7 +158,7 @@ enum TPMRollbackStart {
             do throws(StoreError) { try counter.adopt(store) } catch {
                 BrokerMain.fail("cannot set up the TPM rollback counter: \(error)", code: Int32(error.outcome.rawValue))
             }
-            return
+            return nil
         case .rolledBack(let recorded, let tpm):
             guard options.acceptRollback else {
                 BrokerMain.fail("integrity failure: the vault was restored from an older copy (it records TPM counter \(recorded.map(String.init) ?? "none"), the TPM is at \(tpm)); nothing is served. If this copy is what you want, start once with --accept-rollback (the decision is audited)",
@@ -166,6 +172,7 @@ enum TPMRollbackStart {
             } catch {
                 BrokerMain.fail("cannot record the accepted rollback: \(error)", code: Int32(error.outcome.rawValue))
             }
+            return record
         }
     }
 }

@@ -201,15 +201,26 @@ import KeyholdTestSupport
         let vault = try Vault(), clock = FakeClock()
         let item = try vault.add("device-passcode", reuse: 60)
         let gate = Self.gate(Self.yes, clock: clock)
-        let agent = Self.caller(session: 0, pid: 500, startTime: 9000)
+        // Session 0 callers come with the connection's peer: a process window needs the two to agree.
+        func inSessionZero(pid: Int32, startTime: UInt64) -> Caller {
+            Self.caller(session: 0, pid: pid, startTime: startTime, peer: Peer(fd: -1, pid: pid, uid: Self.uid))
+        }
+        let agent = inSessionZero(pid: 500, startTime: 9000)
         #expect(Self.method(gate.authorize(item, caller: agent, request: Self.request(), via: Script(), store: vault)) == [.password])
         clock.advance(seconds: 10)
         #expect(Self.method(gate.authorize(item, caller: agent, request: Self.request(interactive: false), via: Script(), store: vault)) == [.reuse])
         // Another process in the same invisible session, or the same pid reused later: no window.
-        #expect(gate.preview(item, caller: Self.caller(session: 0, pid: 501, startTime: 9000)) == .requiresAuthentication)
-        #expect(gate.preview(item, caller: Self.caller(session: 0, pid: 500, startTime: 9700)) == .requiresAuthentication)
+        #expect(gate.preview(item, caller: inSessionZero(pid: 501, startTime: 9000)) == .requiresAuthentication)
+        #expect(gate.preview(item, caller: inSessionZero(pid: 500, startTime: 9700)) == .requiresAuthentication)
         // Nor does a caller in a real session with that number, or one whose session is unknown.
         #expect(gate.preview(item, caller: Self.caller(session: 500)) == .requiresAuthentication)
+        // A request not tied to that process (sent on a connection another process made, or
+        // by several processes) does not use its window.
+        var relayed = Self.caller(session: 0, pid: 500, startTime: 9000, peer: Peer(fd: -1, pid: 77_777, uid: Self.uid))
+        #expect(gate.preview(item, caller: relayed) == .requiresAuthentication)
+        relayed = inSessionZero(pid: 500, startTime: 9000)
+        relayed.identityProblem = "the request was sent by more than one process"
+        #expect(gate.preview(item, caller: relayed) == .requiresAuthentication)
         let unknown = Self.caller(session: -1, pid: 500, startTime: 9000)
         #expect(Self.method(gate.authorize(item, caller: unknown, request: Self.request(), via: Script(), store: vault)) == [.password])
         #expect(Self.outcome(gate.authorize(item, caller: unknown, request: Self.request(interactive: false), via: Script(), store: vault)) == .interactionNotAllowed)

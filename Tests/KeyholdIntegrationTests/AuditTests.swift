@@ -70,8 +70,9 @@ import KeyholdTestSupport
             }
         }
         let log = b.syslogLines
-        // Every step, the JSON listing, the verify and the table listing above.
-        #expect(log.count == steps.count + 3, "\(log.count) syslog lines")
+        // The broker's start, every step, the JSON listing, the verify and the table listing above.
+        #expect(log.count == steps.count + 4, "\(log.count) syslog lines")
+        #expect(log.first?.contains("op=broker-start") == true, "\(log.first ?? "")")
         #expect(log.allSatisfy { $0.hasPrefix("<86>") && $0.contains("keyholdd[") && $0.contains(" audit op=") })
         for s in ["audit-secret", password, "because", "svc", "acct"] {
             #expect(!log.joined().contains(s), "\(s) in syslog")

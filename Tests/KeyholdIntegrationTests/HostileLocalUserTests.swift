@@ -169,9 +169,12 @@ import KeyholdTestSupport
         try b.start()
         let put = b.cli(["put", "svc", "new"], stdin: Array("n".utf8))
         #expect(put.status == 1 && put.stderr.contains("free-space reserve"), "\(put.status) \(put.stderr)")
-        // A rotation's write is an item write too: refused, and the stored secret stays.
-        let rotate = b.cli(["rotate", "svc", "kept", "--", "/bin/sh", "-c", "cat >/dev/null; printf rotated"])
+        // A rotation ends in an item write: refused before COMMAND gets the secret (refused at
+        // the end, the token COMMAND had already redeemed would be lost), the stored one stays.
+        let marker = b.directory + "/rotate-ran"
+        let rotate = b.cli(["rotate", "svc", "kept", "--", "/bin/sh", "-c", "touch \(marker); cat >/dev/null; printf rotated"])
         #expect(rotate.status == 1 && rotate.stderr.contains("free-space reserve"), "\(rotate.status) \(rotate.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: marker), "COMMAND never ran")
         // The broker's own audit writes keep working: releases go on, each with its entry.
         #expect(b.cli(["get", "svc", "kept"]).stdoutText == "kept")
         let entries = auditEntries(b)

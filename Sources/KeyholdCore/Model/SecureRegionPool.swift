@@ -9,7 +9,8 @@ import CSodium
 /// Bounded per size class so a burst does not keep much locked memory: 256 of each class up
 /// to 256 B (keys, MACs, a token: what every request takes, several at once per request in
 /// flight; with 32 the pool ran dry under 64 clients and every get paid the syscalls again),
-/// 32 up to 4 KiB, 4 above: at most about 3.5 MiB of regions kept.
+/// 32 up to 4 KiB, 4 above: at most about 8 MiB resident kept (a small region takes two
+/// pages), about half of it locked where the mlock limit allows.
 enum SecureRegionPool {
     /// Size classes 64 B … 64 KiB; larger buffers are allocated and freed directly.
     static let smallest = 64
