@@ -32,14 +32,16 @@ extension Session {
     /// Opens the secret and commits its release entry; nothing is returned before that entry is
     /// in. The one release path of `get` and `rotate`.
     func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
-                         appPassword: AppPasswordKey?) -> Result<SecureBytes, Denial> {
+                         appPassword: AppPasswordKey?) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-        switch broker.transact(record, { (store) throws(StoreError) -> SecureBytes in
-            let secret = try store.openSecret(item, appPassword: appPassword)
-            do throws(StoreError) { try store.append(record) } catch { secret.wipe(); throw error }
-            return secret
-        }, discard: { $0.wipe() }) {
-        case .success(let secret): return .success(secret)
+        // The row is read again here and must still carry the access the gate judged on `item`
+        // (else *conflict*): a policy tightened while the gate ran never releases the new secret.
+        switch broker.transact(record, { (store) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) in
+            let opened = try store.openCurrentSecret(item, appPassword: appPassword)
+            do throws(StoreError) { try store.append(record) } catch { opened.secret.wipe(); throw error }
+            return opened
+        }, discard: { $0.secret.wipe() }) {
+        case .success(let opened): return .success(opened)
         case .failure(.appPasswordWrong):
             return .failure(Denial(.authenticationFailed, "wrong application password"))
         case .failure(let error): return .failure(Denial(error.outcome))
@@ -57,11 +59,11 @@ extension Session {
         // Open, then audit, then release: nothing leaves before its entry is committed.
         let opened = release(item, request, method: granted.method, appPassword: granted.appPassword)
         switch opened {
-        case .success(let secret):
+        case .success(let opened):
             var r = Response(.ok)
-            r.secret = secret
-            r.generation = item.generation
-            r.expires = item.expires
+            r.secret = opened.secret
+            r.generation = opened.current.generation
+            r.expires = opened.current.expires
             return r
         case .failure(let d):
             if d.outcome == .auditUnavailable {

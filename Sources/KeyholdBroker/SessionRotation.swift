@@ -59,7 +59,7 @@ extension Session {
         let secret: SecureBytes
         switch release(current, request, method: method, appPassword: appPassword) {
         case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
-        case .success(let s): secret = s
+        case .success(let opened): secret = opened.secret
         }
         if current.generation != item.generation {
             var r = Response(.ok)

@@ -25,22 +25,28 @@ import Testing
         let again = try #require(try store.item(owner: 1000, service: "svc", account: "alice"))
         #expect(again.label == "new label" && again.access == changed.access)
         #expect(string(try store.openSecret(again)) == "tok-2")
-        // A stale handle opens the current row, never an old key.
-        #expect(string(try store.openSecret(got)) == "tok-2")
+        // A handle read before the policy was tightened opens nothing: the decision made on it
+        // (no authentication for `none`) does not cover the row as it is now.
+        #expect(throws: StoreError.conflict) { try store.openSecret(got) }
+        // Replaced under the same access, a stale handle opens the current row, never an old key.
+        let sameAccess = try store.replace(again, with: changed, secret: secret("tok-3"), audit: record(.update))
+        #expect(string(try store.openSecret(again)) == "tok-3")
+        let opened = try store.openCurrentSecret(again)
+        #expect(string(opened.secret) == "tok-3" && opened.current.generation == sameAccess.generation)
 
         _ = try store.add(owner: 1000, NewItem(service: "svc2", account: "alice"), secret: secret(""), audit: record())
         let listed = try store.items(owner: 1000)
         #expect(listed.damaged == 0)
         #expect(listed.items.map(\.service) == ["svc", "svc2"])
 
-        try store.delete(again, audit: record(.delete))
+        try store.delete(sameAccess, audit: record(.delete))
         #expect(try store.item(owner: 1000, service: "svc", account: "alice") == nil)
-        #expect(throws: StoreError.notFound) { try store.openSecret(again) }
-        #expect(throws: StoreError.notFound) { try store.delete(again, audit: record(.delete)) }
-        #expect(throws: StoreError.notFound) { try store.replace(again, with: item, secret: secret("x"), audit: record(.update)) }
+        #expect(throws: StoreError.notFound) { try store.openSecret(sameAccess) }
+        #expect(throws: StoreError.notFound) { try store.delete(sameAccess, audit: record(.delete)) }
+        #expect(throws: StoreError.notFound) { try store.replace(sameAccess, with: item, secret: secret("x"), audit: record(.update)) }
         #expect(try store.items(owner: 1000).items.count == 1)
         // Every mutation wrote exactly one audit entry.
-        #expect(try store.verifyAudit() == .intact(count: 4))
+        #expect(try store.verifyAudit() == .intact(count: 5))
     }
 
     @Test func emptyAndMaximalSecretsAndLimits() throws {

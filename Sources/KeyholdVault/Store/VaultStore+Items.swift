@@ -277,11 +277,21 @@ extension VaultStore {
     }
 
     /// Opens the item's secret into guarded memory. The row is read again, so a deleted item
-    /// is `.notFound` and a replaced one opens its current secret. `.integrity` if any box
-    /// fails under the vault key or the row is not the item's current generation;
-    /// `.appPasswordRequired` / `.appPasswordWrong` for app-password items, `.conflict` when
-    /// the application-password key was made for parameters the item no longer has.
+    /// is `.notFound` and a replaced one opens its current secret — only if it still carries
+    /// the access control `item` had (policy, allowed executables, reuse, biometry binding,
+    /// application-password parameters): the caller's decision was made on `item`, so a row
+    /// changed since (a policy tightened between the lookup and this read) is `.conflict`,
+    /// never released under the older decision. `.integrity` if any box fails under the vault
+    /// key or the row is not the item's current generation; `.appPasswordRequired` /
+    /// `.appPasswordWrong` for app-password items, `.conflict` when the application-password
+    /// key was made for parameters the item no longer has.
     public func openSecret(_ item: StoredItem, appPassword: AppPasswordKey? = nil) throws(StoreError) -> SecureBytes {
+        try openCurrentSecret(item, appPassword: appPassword).secret
+    }
+
+    /// `openSecret`, with the row it opened (its generation and expiry are what was released).
+    public func openCurrentSecret(_ item: StoredItem, appPassword: AppPasswordKey? = nil) throws(StoreError)
+        -> (secret: SecureBytes, current: StoredItem) {
         let fetched: (ItemRow, [UInt8], [UInt8])?
         do {
             fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
@@ -294,6 +304,8 @@ extension VaultStore {
         guard current.owner == item.owner, current.service == item.service, current.account == item.account else {
             throw .integrity
         }
+        guard current.access == item.access, current.biometryState == item.biometryState,
+              current.passwordHashing == item.passwordHashing, current.generation >= item.generation else { throw .conflict }
         let ad = current.associatedData
         let unwrapped: SecureBytes
         do {
@@ -317,7 +329,7 @@ extension VaultStore {
         let itemKey: ItemKey
         do { itemKey = try ItemKey(unwrapped: itemKeyBytes) } catch { throw .integrity }
         do {
-            return try SealedBox(combined: secretRaw).open(using: itemKey, authenticating: ad.encoded(for: .secret))
+            return (try SealedBox(combined: secretRaw).open(using: itemKey, authenticating: ad.encoded(for: .secret)), current)
         } catch { throw .integrity }
     }
 }
