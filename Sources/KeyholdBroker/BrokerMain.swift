@@ -48,13 +48,14 @@ public enum BrokerMain {
         }
         // The rollback checks see the head as it was found: an entry written first would move a
         // copy one entry behind its anchor up to it, and the restore would pass.
+        let boundPCRs = KeyProtectorSetup.boundPCRs(protector, options)
         var startEntries: [AuditRecord] = []  // copied to the system log once the broker exists
         let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
         if let anchor, let accepted = RollbackAnchorStart.check(anchor, store, options, executable: helper) { startEntries.append(accepted) }
         let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
         if let counter, let accepted = TPMRollbackStart.check(counter, store, options, executable: helper) { startEntries.append(accepted) }
         do throws(StoreError) {
-            let start = KeyProtectorSetup.startAudit(protector, options, executable: helper)
+            let start = KeyProtectorSetup.startAudit(protector, bound: boundPCRs, executable: helper)
             try store.append(start)
             startEntries.append(start)
         } catch {
@@ -69,7 +70,7 @@ public enum BrokerMain {
         for entry in startEntries { broker.syslog.record(entry) }
 
         // Before the socket listens: whoever can connect can also read how the key is kept.
-        broker.log(KeyProtectorSetup.startLine(protector, options))
+        broker.log(KeyProtectorSetup.startLine(protector, options, bound: boundPCRs))
         let listener: Int32
         do throws(ListenerError) {
             listener = try Listener.bind(path: options.socketPath, mode: options.socketMode)

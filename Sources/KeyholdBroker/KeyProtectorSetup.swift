@@ -44,11 +44,17 @@ enum KeyProtectorSetup {
         }
     }
 
+    /// The PCRs the sealed key in the state directory is bound to (nil for `file`, or when the
+    /// blob cannot be read): read once per start, for the start-up line and the audit entry.
+    static func boundPCRs(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> PCRSelection? {
+        kind == .tpm ? TPMKeyProtector.boundPCRs(path: options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName) : nil
+    }
+
     /// The start-up line: what an administrator must know about where the key is.
-    static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> String {
+    static func startLine(_ kind: KeyProtectorKind, _ options: BrokerOptions, bound: PCRSelection?) -> String {
         switch kind {
         case .tpm:
-            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM" + pcrText(options)
+            "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM" + pcrText(options, bound: bound)
                 + "; rollback is detected by a TPM counter"
         case .file:
             "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
@@ -57,8 +63,8 @@ enum KeyProtectorSetup {
 
     /// The PCRs the sealed key is bound to, and a warning when `--tpm-pcrs` asks for others:
     /// it binds only a newly sealed key, so it is ignored for an existing one.
-    static func pcrText(_ options: BrokerOptions) -> String {
-        guard let bound = TPMKeyProtector.boundPCRs(path: options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName) else { return "" }
+    static func pcrText(_ options: BrokerOptions, bound: PCRSelection?) -> String {
+        guard let bound else { return "" }
         var text = bound.isEmpty ? " (bound to no PCRs)" : " (bound to PCRs \(bound))"
         if !options.tpmPCRs.isEmpty && options.tpmPCRs != bound {
             text += "; --tpm-pcrs \(options.tpmPCRs) is ignored: the key is already sealed (to change the PCRs, --migrate-key-protector file, then tpm)"
@@ -75,12 +81,8 @@ enum KeyProtectorSetup {
 
     /// The audit entry of every start: proof in the chain of how the key was kept (the PCRs
     /// the sealed blob names, whatever `--tpm-pcrs` says this time).
-    static func startAudit(_ kind: KeyProtectorKind, _ options: BrokerOptions, executable: String) -> AuditRecord {
-        var reason = "key-protector=file"
-        if kind == .tpm {
-            let pcrs = TPMKeyProtector.boundPCRs(path: options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName)
-            reason = "key-protector=tpm pcrs=\(pcrs?.description ?? "unknown")"
-        }
+    static func startAudit(_ kind: KeyProtectorKind, bound: PCRSelection?, executable: String) -> AuditRecord {
+        let reason = kind == .tpm ? "key-protector=tpm pcrs=\(bound?.description ?? "unknown")" : "key-protector=file"
         return AuditRecord(time: currentMicroseconds(), callerUID: geteuid(), callerPID: getpid(), executable: executable,
                            operation: .brokerStart, decision: .granted, reason: reason, outcome: .ok)
     }

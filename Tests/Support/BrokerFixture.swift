@@ -44,6 +44,13 @@ public enum TestPaths {
     }
 }
 
+/// Whether a stream socket at `path` accepts a connection now (the connection is closed again).
+public func socketAccepts(_ path: String) -> Bool {
+    let fd = connectUnixSocket(path)
+    if fd >= 0 { close(fd) }
+    return fd >= 0
+}
+
 /// A stream socket connected to `path`, or -1.
 public func connectUnixSocket(_ path: String) -> Int32 {
     let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
@@ -234,11 +241,7 @@ public final class BrokerFixture: @unchecked Sendable {
 
     public var brokerLog: String { (try? String(contentsOfFile: directory + "/broker.log", encoding: .utf8)) ?? "" }
 
-    func canConnect() -> Bool {
-        let fd = connectUnixSocket(socketPath)
-        if fd >= 0 { close(fd) }
-        return fd >= 0
-    }
+    func canConnect() -> Bool { socketAccepts(socketPath) }
 
     /// SIGTERM and wait: a clean shutdown.
     public func stop() {

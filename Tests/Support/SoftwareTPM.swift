@@ -35,18 +35,12 @@ public final class SoftwareTPM: @unchecked Sendable {
         // Ready when both sockets accept (the files exist from bind, before listen: a TCTI
         // connecting in between fails). Up to 30 s: a loaded machine may be slow to start it.
         for _ in 0..<3000 {
-            if Self.accepts(socketPath + ".ctrl") && Self.accepts(socketPath) { return }
+            if socketAccepts(socketPath + ".ctrl") && socketAccepts(socketPath) { return }
             if !p.isRunning { process = nil; throw SoftwareTPMError.didNotStart("swtpm exited with \(p.terminationStatus)") }
             usleep(10_000)
         }
         stop()
         throw SoftwareTPMError.didNotStart("swtpm did not accept on its sockets within 30 s")
-    }
-
-    static func accepts(_ path: String) -> Bool {
-        let fd = connectUnixSocket(path)
-        if fd >= 0 { close(fd) }
-        return fd >= 0
     }
 
     /// SIGKILL: the TPM disappears (its state stays on disk).
