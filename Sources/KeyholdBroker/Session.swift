@@ -19,63 +19,81 @@ struct Session {
         static let answerMilliseconds = 120_000
         static let idleMilliseconds = 5_000
         static let frameMilliseconds = 10_000
+        /// How long a kept connection may wait for its next request (it holds one of its
+        /// uid's connection slots meanwhile); that request then has `requestMilliseconds`.
+        static let keepAliveMilliseconds = 5_000
     }
 
-    /// Serves one accepted connection: reads the request within its deadline, identifies the
-    /// process that sent it (not only the one that connected), and answers.
+    /// Requests that end with their response and nothing after it: the connection may carry
+    /// another request. (An audit stream, an export check and a rotation end their connection.)
+    static let keptAfter: Set<Operation> = [.get, .put, .delete, .list, .state, .lock, .status, .biometry, .search]
+
+    /// Serves one accepted connection: reads each request within its deadline, identifies the
+    /// process that sent it (not only the one that connected, and anew for every request: a
+    /// kept connection may have changed hands or executables since), and answers.
     static func serve(fd: Int32, peer: Peer, broker: Broker) {
         var reader = TimedFrameReader(fd: fd)
-        let payload: SecureBytes
-        do throws(FrameError) {
-            let ms = Deadlines.requestMilliseconds
-            guard let p = try reader.read(idleMilliseconds: ms, frameMilliseconds: ms) else { return }  // connected and left
-            payload = p
-        } catch {
-            Session(fd: fd, caller: .identify(socket: fd, peer: peer), broker: broker).rejectMalformed(error)
-            return
+        var first = true
+        while true {
+            let payload: SecureBytes
+            do throws(FrameError) {
+                let idle = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds
+                let whole = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds + Deadlines.requestMilliseconds
+                // nil: the client left (or, after its first request, did not ask again in time).
+                guard let p = try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first) else { return }
+                payload = p
+            } catch {
+                Session(fd: fd, caller: .identify(socket: fd, peer: peer), broker: broker).rejectMalformed(error)
+                return
+            }
+            first = false
+            let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+            guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid)) else { return }
         }
-        let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-        Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid))
     }
 
-    func run(_ payload: SecureBytes, senderUIDs: [UInt32]) {
+    /// Answers one request; true when the connection may carry another (`keptAfter`, and the
+    /// response was delivered).
+    func run(_ payload: SecureBytes, senderUIDs: [UInt32]) -> Bool {
         let message: ClientMessage
         do throws(FrameError) {
             message = try ClientMessage.decode(payload)
         } catch {
             rejectMalformed(error)
-            return
+            return false
         }
         payload.wipe()
         guard case .request(let request) = message else {
             rejectMalformed(.unexpectedMessage)
-            return
+            return false
         }
         // A vault seen rolled back while serving: nothing more (RollbackWatch.swift).
         if let refused = broker.rollbackAnswer() {
             send(.response(refused))
             request.secret?.wipe()
             request.appPassword?.wipe()
-            return
+            return false
         }
         // Over this uid's audit budget: not carried out, counted for its refused-burst entry.
         guard broker.budget.admit(uid: caller.uid) else {
             send(.response(Response(.busy, detail: "too many requests from this user; try again shortly")))
             request.secret?.wipe()
             request.appPassword?.wipe()
-            return
+            return false
         }
         let response: Response
-        if senderUIDs.contains(where: { $0 != caller.uid }) {
+        let foreign = senderUIDs.contains(where: { $0 != caller.uid })
+        if foreign {
             // A connection handed to another user's process: neither may act through it.
             response = deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
         } else {
             response = broker.rollbackAnswer(replacing: handle(request))!
         }
-        send(.response(response))
+        let delivered = send(.response(response))
         response.secret?.wipe()
         request.secret?.wipe()
         request.appPassword?.wipe()
+        return delivered && !foreign && response.outcome != .busy && Self.keptAfter.contains(request.operation)
     }
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an

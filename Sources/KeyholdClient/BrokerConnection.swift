@@ -12,12 +12,18 @@ public protocol Interaction: AnyObject {
     func show(_ notice: Notice)
 }
 
-/// One connection to the broker, carrying one request and its conversation. A *busy* answer
+/// One connection to the broker, carrying a request and its conversation (and, kept by a
+/// `Vault`, later ones: KeptConnection.swift). A *busy* answer
 /// (this uid at its connection cap or audit budget) is retried on a new connection for up to
 /// `busyRetrySeconds` before it is surfaced.
 final class BrokerConnection {
     private(set) var fd: Int32
     let socketPath: String
+    /// A reply frame arrived on this connection.
+    private var answered = false
+    /// The broker closed this connection before reading the request sent on it (a write that
+    /// found it closed, or a reset for bytes it never read): asking again cannot repeat it.
+    private(set) var closedBeforeReading = false
     static let busyRetrySeconds = 3.0
 
     init(socketPath: String) throws(KeyholdError) {
@@ -56,6 +62,7 @@ final class BrokerConnection {
         do throws(FrameError) {
             try Frame.write(message.encode(), to: fd)
         } catch {
+            if !answered, error == .io(EPIPE) || error == .io(ECONNRESET) { closedBeforeReading = true }
             throw .brokerUnavailable("connection lost while sending")
         }
     }
@@ -63,10 +70,12 @@ final class BrokerConnection {
     func receive() throws(KeyholdError) -> BrokerMessage {
         do throws(FrameError) {
             guard let payload = try Frame.read(from: fd) else { throw FrameError.truncated }
+            answered = true
             return try BrokerMessage.decode(payload)
         } catch .truncated {
             throw .brokerUnavailable("the broker closed the connection")
-        } catch .io {
+        } catch .io(let e) {
+            if !answered, e == ECONNRESET { closedBeforeReading = true }
             throw .brokerUnavailable("connection lost")
         } catch {
             throw .other("the broker sent a malformed reply (\(error))")

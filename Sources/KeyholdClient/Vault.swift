@@ -52,6 +52,8 @@ public struct Vault: Sendable {
     public static let defaultSocketPath = "/run/keyhold/keyhold.sock"
 
     public let socketPath: String
+    /// The connection kept between this vault's requests (copies of this value share it).
+    let kept = KeptConnection()
 
     /// The socket from `$KEYHOLD_SOCKET`, else the system default.
     public init(socketPath: String? = nil) {
@@ -277,12 +279,29 @@ public struct Vault: Sendable {
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
         try checkItemNames(request)
-        let conn = try BrokerConnection(socketPath: socketPath)
-        defer { conn.close() }
-        let response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
+        var reused = kept.take()
+        var conn: BrokerConnection
+        if let reused { conn = reused } else { conn = try BrokerConnection(socketPath: socketPath) }
+        var response: Response
+        while true {
+            do throws(KeyholdError) {
+                response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
+                break
+            } catch {
+                conn.close()
+                // A kept connection the broker had already closed: the request was never read.
+                guard reused != nil, conn.closedBeforeReading else { throw error }
+                reused = nil
+                conn = try BrokerConnection(socketPath: socketPath)
+            }
+        }
+        // The broker keeps the connection after these (Session.keptAfter); anything else ends it.
+        if response.outcome != .busy, Self.keptAfter.contains(request.operation) { kept.keep(conn) } else { conn.close() }
         if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
         throw KeyholdError(response)
     }
+
+    static let keptAfter: Set<Operation> = [.get, .put, .delete, .list, .state, .lock, .status, .biometry, .search]
 
     func checkItemNames(_ request: Request) throws(KeyholdError) {
         if let item = request.item {

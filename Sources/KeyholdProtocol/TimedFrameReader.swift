@@ -21,33 +21,40 @@ public struct TimedFrameReader {
     public init(fd: Int32) { self.fd = fd }
 
     /// Reads one frame: its first byte must come within `idleMilliseconds`, the whole frame
-    /// within `frameMilliseconds` of this call. nil on a clean end of stream before any byte.
-    public mutating func read(idleMilliseconds: Int, frameMilliseconds: Int) throws(FrameError) -> SecureBytes? {
+    /// within `frameMilliseconds` of this call. nil on a clean end of stream before any byte,
+    /// and, with `idleEndsStream`, when no byte came within `idleMilliseconds` (a kept
+    /// connection that was simply not used again is not an error).
+    public mutating func read(idleMilliseconds: Int, frameMilliseconds: Int, idleEndsStream: Bool = false) throws(FrameError) -> SecureBytes? {
         senders = []
         let start = Self.nowMilliseconds()
         var header = [UInt8](repeating: 0, count: 4)
         var failure: FrameError?
+        var done = 0
         let got = header.withUnsafeMutableBytes { buf -> Int in
             do throws(FrameError) {
-                return try fill(buf, firstByteBy: start + idleMilliseconds, frameBy: start + frameMilliseconds)
+                return try fill(buf, firstByteBy: start + idleMilliseconds, frameBy: start + frameMilliseconds, done: &done)
             } catch { failure = error; return 0 }
         }
-        if let failure { throw failure }
+        if let failure {
+            if idleEndsStream, done == 0, failure == .io(ETIMEDOUT) { return nil }
+            throw failure
+        }
         if got == 0 { return nil }
         guard got == 4 else { throw .truncated }
         let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
         guard length >= 2 else { throw .malformed("frame too short") }
         guard length <= Frame.maxPayloadBytes else { throw .oversized(length) }
         let payload = SecureBytes(count: length)
+        var payloadDone = 0
         let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
-            try fill(buf, firstByteBy: start + frameMilliseconds, frameBy: start + frameMilliseconds)
+            try fill(buf, firstByteBy: start + frameMilliseconds, frameBy: start + frameMilliseconds, done: &payloadDone)
         }
         guard n == length else { throw .truncated }
         return payload
     }
 
-    private mutating func fill(_ buf: UnsafeMutableRawBufferPointer, firstByteBy: Int, frameBy: Int) throws(FrameError) -> Int {
-        var done = 0
+    /// `done` counts the bytes read so far, also when a deadline ends the read.
+    private mutating func fill(_ buf: UnsafeMutableRawBufferPointer, firstByteBy: Int, frameBy: Int, done: inout Int) throws(FrameError) -> Int {
         while done < buf.count {
             let left = (done == 0 ? min(firstByteBy, frameBy) : frameBy) - Self.nowMilliseconds()
             guard left > 0 else { throw .io(ETIMEDOUT) }

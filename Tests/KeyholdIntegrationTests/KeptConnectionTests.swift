@@ -1,0 +1,96 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdClient
+import KeyholdCore
+import KeyholdTestSupport
+
+/// A connection kept for more than one request (Session.serve, KeptConnection.swift) carries no
+/// identity of its own: the broker identifies the sender of every request anew, audits each,
+/// ends the connection on a malformed frame, and lets an idle one go.
+extension HostileLocalUserTests {
+    @Test func keptConnectionIdentifiesTheSenderOfEveryRequestAnew() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "allowed", "x", "--allow-exe", Self.sleepExe], stdin: Array("kept-secret".utf8), asUser: user.name).status == 0)
+        #expect(b.cli(["put", "python", "x", "--allow-exe", Self.pythonExe], stdin: Array("py".utf8), asUser: user.name).status == 0)
+
+        // The connector first asks for its own item (released), then the connection changes
+        // hands (fork, descriptor passing) or the connector execs the allowed program.
+        var senders: [String: Int] = [:]
+        for attack in ["relay", "passfd", "sendexec"] {
+            let r = hostile(b, [attack, Self.sleepExe, "allowed", "x", "python", "x"], as: user)
+            #expect(r["first"] as? String == "ok", "\(attack): the honest first request: \(r)")
+            #expect(r["outcome"] as? String == "not-authorized" && r["released"] as? Bool == false, "\(attack): \(r)")
+            senders[attack] = r["sender"] as? Int
+        }
+        let entries = auditEntries(b).filter { ($0["operation"] as? String) == "get" }
+        #expect(entries.filter { ($0["reason"] as? String) == "kept-first" && ($0["outcome"] as? String) == "ok" }.count == 3)
+        for attack in ["relay", "passfd", "sendexec"] {
+            let e = entries.first { ($0["reason"] as? String) == attack }
+            #expect(e?["outcome"] as? String == "not-authorized", "\(attack): \(String(describing: e))")
+            #expect(e?["pid"] as? Int == senders[attack], "\(attack) audited pid \(String(describing: e?["pid"])), sender \(String(describing: senders[attack]))")
+            if attack != "sendexec" {
+                #expect(e?["executable"] as? String == Self.pythonExe, "\(attack): \(String(describing: e))")
+            }
+        }
+    }
+
+    @Test func keptConnectionAuditsEachRequestAndIsLetGoWhenIdle() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "a"], stdin: Array("kept-value".utf8), asUser: user.name).status == 0)
+        let r = hostile(b, ["kept", "svc", "a", "5"], as: user)
+        #expect(r["outcomes"] as? [String] == ["ok", "ok", "ok", "ok", "ok"], "\(r)")
+        // Kept open after the last answer (not closed at once), then closed by the broker.
+        let idle = r["idle"] as? Double ?? 0
+        #expect(r["closed"] as? Bool == true && idle > 1, "\(r)")
+        let entries = auditEntries(b)
+        for i in 0..<5 {
+            let e = entries.first { ($0["reason"] as? String) == "kept-\(i)" }
+            #expect(e?["outcome"] as? String == "ok" && e?["pid"] as? Int == r["pid"] as? Int, "kept-\(i): \(String(describing: e))")
+        }
+        // Letting an idle connection go is not a malformed request.
+        #expect(!entries.contains { ($0["operation"] as? String) == "invalid" }, "\(entries.filter { ($0["operation"] as? String) == "invalid" })")
+    }
+
+    @Test func malformedFrameOnAKeptConnectionIsAnsweredAuditedAndEndsIt() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "a"], stdin: Array("kept-value".utf8), asUser: user.name).status == 0)
+        let r = hostile(b, ["keptgarbage", "svc", "a"], as: user)
+        #expect(r["first"] as? String == "ok" && r["second"] as? Int == Int(Outcome.usage.rawValue) && r["closed"] as? Bool == true, "\(r)")
+        #expect(auditEntries(b).contains { ($0["operation"] as? String) == "invalid" && ($0["outcome"] as? String) == "usage" })
+        // The item is intact.
+        #expect(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText == "kept-value")
+    }
+
+    /// The client library keeps one connection per `Vault` between requests, and opens a new
+    /// one when the broker it kept it with is gone.
+    @Test func vaultKeepsOneConnectionAndReconnectsAfterTheBrokerRestarts() throws {
+        let b = try BrokerFixture()
+        let vault = Vault(socketPath: b.socketPath)
+        try vault.add(SecureBytes(copying: Array("v1".utf8)), service: "kept", account: "a")
+        func brokerSockets() -> Int {
+            let dir = "/proc/\(b.pid)/fd"
+            return ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).filter {
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: dir + "/" + $0))?.hasPrefix("socket:") == true
+            }.count
+        }
+        let before = brokerSockets()
+        for _ in 0..<10 { try vault.secret(service: "kept", account: "a").wipe() }
+        #expect(brokerSockets() == before, "ten gets on one Vault opened connections of their own")
+        let other = Vault(socketPath: b.socketPath)
+        try other.secret(service: "kept", account: "a").wipe()
+        #expect(brokerSockets() == before + 1, "a second Vault keeps a connection of its own")
+
+        b.stop()
+        try b.start()
+        // The kept connection died with the old broker: the next request goes on a new one.
+        let value = try vault.secret(service: "kept", account: "a")
+        #expect(value.withUnsafeBytes { Array($0) } == Array("v1".utf8))
+        value.wipe()
+        try vault.update(SecureBytes(copying: Array("v2".utf8)), service: "kept", account: "a")
+        #expect(try vault.secret(service: "kept", account: "a").withUnsafeBytes { Array($0) } == Array("v2".utf8))
+    }
+}
