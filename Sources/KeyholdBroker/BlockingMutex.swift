@@ -23,4 +23,11 @@ final class BlockingMutex<Value>: @unchecked Sendable {
         defer { pthread_mutex_unlock(mutex) }
         return try body(value)
     }
+
+    /// `body` under the lock if it is free now, else nil without waiting.
+    func withLockIfFree<R>(_ body: (Value) throws -> R) rethrows -> R? {
+        guard pthread_mutex_trylock(mutex) == 0 else { return nil }
+        defer { pthread_mutex_unlock(mutex) }
+        return try body(value)
+    }
 }

@@ -6,7 +6,8 @@ import KeyholdVault
 import KeyholdProtocol
 
 /// The broker's shared state: the store (one SQLite connection, used under a lock: every
-/// store call is short; PAM never runs while it is held), the release gate, the audit trail.
+/// store call is short; PAM never runs while it is held), read-only connections for the lookup
+/// a release is decided on (`readers`), the release gate, the audit trail.
 public final class Broker: Sendable {
     let gate: ReleaseGate
     let syslog: AuditSyslog
@@ -23,6 +24,8 @@ public final class Broker: Sendable {
     /// Set when a request's rollback check failed: every later request gets it (RollbackWatch.swift).
     let rollbackRefusal = Mutex<String?>(nil)
     private let store: BlockingMutex<VaultStore>
+    /// Lookups for `get` and `rotate` (ReaderPool.swift); closed before the store.
+    let readers: ReaderPool
     /// The store's Argon2id limits, read once: application passwords are derived before the
     /// store is locked (AppPasswordKey).
     let passwordHashing: PasswordHashStrength
@@ -37,9 +40,33 @@ public final class Broker: Sendable {
         self.anchor = anchor
         self.counter = counter
         self.passwordHashing = store.passwordHashing
+        var refusal: StoreError?
+        do throws(StoreError) { self.readers = try ReaderPool.open(count: Self.readerCount, of: store) } catch {
+            refusal = error
+            self.readers = ReaderPool()
+        }
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
+        if let refusal { log("no read-only connection to the vault (\(refusal)); lookups wait for the store lock") }
+    }
+
+    /// Read-only connections: one per core of the machines this is measured on (two).
+    static let readerCount = 2
+
+    /// The item of `owner` named by `ref`, read on a reader connection for a release decision
+    /// (the writer re-checks the row before anything is released). nil when there is no reader:
+    /// the caller asks the writer. Fails closed as the writer path does: once a rollback was
+    /// seen (RollbackWatch.swift) or the store closed, the answer is the closed store's.
+    func readItem(owner: UInt32, _ ref: ItemReference) -> Result<StoredItem?, Denial>? {
+        readers.withReader { reader in
+            guard rollbackRefusal.withLock({ $0 == nil }) else { return .failure(Denial(StoreError.closed.outcome)) }
+            do throws(StoreError) {
+                return .success(try reader.item(owner: owner, service: ref.service, account: ref.account))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
@@ -100,8 +127,12 @@ public final class Broker: Sendable {
         }
     }
 
+    /// Readers first: the writer's close is then the last, which checkpoints and removes the WAL.
     func close() {
-        store.withLock { $0.close() }
+        store.withLock { store in
+            readers.close()
+            store.close()
+        }
     }
 
     /// One line to stderr (the journal under systemd). Never a secret, service or account.

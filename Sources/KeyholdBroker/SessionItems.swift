@@ -14,10 +14,12 @@ extension Session {
         case answered(Response)
     }
 
+    /// The lookup is a reader's (Broker.readItem): it does not wait for a commit's fsync. What
+    /// it found is only what the gate decides on; `release` re-checks the row under the lock.
     func decideRelease(_ request: Request) -> Decision {
         guard let ref = request.item else { return .answered(Response(.usage)) }
         let item: StoredItem
-        switch lookup(ref) {
+        switch broker.readItem(owner: caller.uid, ref) ?? lookup(ref) {
         case .failure(let d): return .answered(deny(request, .get, item: nil, d))
         case .success(nil): return .answered(deny(request, .get, item: nil, Denial(.notFound)))
         case .success(let found?): item = found

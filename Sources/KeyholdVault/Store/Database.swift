@@ -136,6 +136,22 @@ public final class Database {
         return result
     }
 
+    /// One read transaction around `body`: its statements read one snapshot, and the snapshot
+    /// is let go before this returns (a reader held open would hold up checkpoints).
+    public func readTransaction<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
+        do { try execute("BEGIN") } catch { throw mapError(error) }
+        defer { if isInTransaction { try? execute("ROLLBACK") } }
+        return try body()
+    }
+
+    /// Whether the file this connection has open is no longer the file at its path (moved,
+    /// removed or replaced), as SQLite's unix VFS sees it; true when it cannot tell.
+    public var fileHasMoved: Bool {
+        guard let handle else { return true }
+        var moved: Int32 = 1
+        return sqlite3_file_control(handle, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK || moved != 0
+    }
+
     /// True between BEGIN and COMMIT/ROLLBACK.
     public var isInTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
 

@@ -95,6 +95,35 @@ enum StateDirectory {
         syncDirectory(directory)
     }
 
+    /// A file's device and inode.
+    public struct FileIdentity: Equatable, Sendable {
+        let device: UInt64
+        let inode: UInt64
+    }
+
+    static func identity(_ path: String) throws(StoreError) -> FileIdentity {
+        var st = stat()
+        guard lstat(path, &st) == 0 else { throw .io(code: errno) }
+        return FileIdentity(device: UInt64(st.st_dev), inode: UInt64(st.st_ino))
+    }
+
+    /// Opens the database at `path` and says which file it is: the path must name the same file
+    /// (device and inode) before and after SQLite opened it, and SQLite's descriptor must be the
+    /// file at the path, else `.integrity` (the file was swapped while it was opened). With
+    /// `expecting`, that file must also be this one (a reader must open the writer's file).
+    static func openDatabase(_ path: String, readOnly: Bool = false,
+                             expecting: FileIdentity? = nil) throws(StoreError) -> (Database, FileIdentity) {
+        let before = try identity(path)
+        guard expecting == nil || expecting == before else { throw .integrity }
+        let db: Database
+        do { db = try Database(path: path, readOnly: readOnly) } catch { throw StoreError.from(error) }
+        guard !db.fileHasMoved, (try? identity(path)) == before else {
+            db.close()
+            throw .integrity
+        }
+        return (db, before)
+    }
+
     static func checkExistingFile(_ path: String) throws(StoreError) {
         var st = stat()
         guard lstat(path, &st) == 0 else { throw .io(code: errno) }

@@ -17,7 +17,7 @@ import KeyholdCore
 final class GenerationRecord {
     var generations: [ItemID: UInt64]
     var digest: [UInt8]
-    let dataVersion: Int64
+    var dataVersion: Int64
 
     init(generations: [ItemID: UInt64], digest: [UInt8], dataVersion: Int64) {
         self.generations = generations
@@ -73,6 +73,15 @@ extension VaultStore {
                 // member's savepoint or the whole group rolled back): the stored digest then
                 // differs, and the record is read again.
                 if try storedGenerationDigest() == r.digest { return r }
+            case .verified(let r) where isReader:
+                // A reader sees each of the writer's commits (every request's audit entry) as
+                // another connection's, so re-reading and re-hashing the whole record on each
+                // would cost more than the lookup. The same digest, tagged for the current audit
+                // head (the key's holder made that tag), names the set the full read verified.
+                if try headVouches(for: r.digest) {
+                    r.dataVersion = version
+                    return r
+                }
             case .broken(let v) where v == version: throw DatabaseError.generationMismatch
             default: break
             }
@@ -91,6 +100,17 @@ extension VaultStore {
         try db.withStatement("SELECT digest FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? s.blob(0) : nil
         }
+    }
+
+    /// Whether the stored record's head carries `digest`, tagged for the current audit head.
+    private func headVouches(for digest: [UInt8]) throws(DatabaseError) -> Bool {
+        let stored: (digest: [UInt8], tag: [UInt8])? = try db.withStatement(
+            "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
+            try s.step() ? (s.blob(0), s.blob(1)) : nil
+        }
+        guard let stored, let head = try readHead() else { return false }
+        return KeyedHash.equal(stored.digest, digest)
+            && KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
     }
 
     /// Reads the whole record and checks it; nil if it does not verify.

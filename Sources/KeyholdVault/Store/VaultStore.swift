@@ -4,7 +4,8 @@ import KeyholdCore
 /// The encrypted item store of one vault: a state directory holding `vault.key` (0600) and
 /// `vault.db` (SQLite, WAL, synchronous=FULL).
 ///
-/// Not Sendable and not thread-safe: the broker serialises every call behind one lock.
+/// Not Sendable and not thread-safe: the broker serialises every call behind one lock (its
+/// lookups for a release may use a `VaultReader` instead, each behind its own lock).
 /// Every mutating call writes its change and its audit entry in one transaction, so both land
 /// or neither does; a call that returns has been committed durably (it survives kill -9).
 public final class VaultStore {
@@ -20,6 +21,11 @@ public final class VaultStore {
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
     public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
+    /// The database file this store has open (device, inode), for `VaultReader.open(for:)`.
+    let fileIdentity: StateDirectory.FileIdentity
+    /// A reader's store (VaultReader): it never writes, and sees the writer's commits as another
+    /// connection's (VaultStore+Generation).
+    let isReader: Bool
     /// Parsed policy texts and executable lists, so listing many items parses each distinct
     /// value once. Bounded; only values that parsed are kept.
     var policyCache: [String: Policy] = [:]
@@ -29,8 +35,11 @@ public final class VaultStore {
     public static var schemaVersion: Int64 { Schema.knownVersion }
     static let formatName = "keyhold-vault"
 
-    private init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
+    private init(db: Database, fileIdentity: StateDirectory.FileIdentity, key: VaultKey, stateDirectory: String,
+                 passwordHashing: PasswordHashStrength) {
         self.db = db
+        self.fileIdentity = fileIdentity
+        self.isReader = false
         self.wrappingKey = key.wrappingKey
         self.attributeKey = key.attributeKey
         self.blindIndexKey = key.blindIndexKey
@@ -39,6 +48,35 @@ public final class VaultStore {
         self.searchKey = key.searchKey
         self.stateDirectory = stateDirectory
         self.passwordHashing = passwordHashing
+    }
+
+    /// What a reader's store takes from the writer's: Sendable values only, so a reader is not
+    /// tied to the writer (it is used on other threads, under its own lock).
+    struct ReaderSeed: Sendable {
+        let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
+        let generationKey: MACKey, searchKey: MACKey
+        let fileIdentity: StateDirectory.FileIdentity, stateDirectory: String, passwordHashing: PasswordHashStrength
+    }
+
+    var readerSeed: ReaderSeed {
+        ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
+                   generationKey: generationKey, searchKey: searchKey, fileIdentity: fileIdentity,
+                   stateDirectory: stateDirectory, passwordHashing: passwordHashing)
+    }
+
+    /// A read-only store over `db`, another connection to the writer's file, with its keys.
+    init(reader seed: ReaderSeed, db: Database) {
+        self.db = db
+        self.isReader = true
+        self.wrappingKey = seed.wrappingKey
+        self.attributeKey = seed.attributeKey
+        self.blindIndexKey = seed.blindIndexKey
+        self.auditKey = seed.auditKey
+        self.generationKey = seed.generationKey
+        self.searchKey = seed.searchKey
+        self.fileIdentity = seed.fileIdentity
+        self.stateDirectory = seed.stateDirectory
+        self.passwordHashing = seed.passwordHashing
     }
 
     /// Opens (or, on first start, creates) the vault in `stateDirectory`.
@@ -61,15 +99,16 @@ public final class VaultStore {
 
         // Identify an existing database before touching the key file or writing anything.
         let db: Database
+        let fileIdentity: StateDirectory.FileIdentity
         var existingVersion: Int64 = 0
         if try StateDirectory.exists(dbPath) {
             try StateDirectory.checkExistingFile(dbPath)
-            do { db = try Database(path: dbPath) } catch { throw StoreError.from(error) }
+            (db, fileIdentity) = try StateDirectory.openDatabase(dbPath)
             existingVersion = try identify(db)
         } else {
             // An orphan key file without a database is fine (a first start that stopped early).
             try StateDirectory.createPrivateFile(dbPath, directory: stateDirectory)
-            do { db = try Database(path: dbPath) } catch { throw StoreError.from(error) }
+            (db, fileIdentity) = try StateDirectory.openDatabase(dbPath)
         }
 
         let key: VaultKey
@@ -86,7 +125,8 @@ public final class VaultStore {
             }
         }
 
-        let store = VaultStore(db: db, key: key, stateDirectory: stateDirectory, passwordHashing: passwordHashing)
+        let store = VaultStore(db: db, fileIdentity: fileIdentity, key: key, stateDirectory: stateDirectory,
+                               passwordHashing: passwordHashing)
         try store.configure()
         try store.migrate(from: existingVersion)
         try store.checkOrRecordKey(key)

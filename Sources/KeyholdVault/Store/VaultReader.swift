@@ -1,0 +1,39 @@
+import KeyholdCore
+
+/// A read-only second connection to the broker's vault file, for the item lookup a release is
+/// decided on. The broker's store lock is held across each group commit and its fsync; in WAL
+/// mode this connection reads the last committed state meanwhile, so lookups need not wait.
+///
+/// It only finds what the release gate decides on: before a secret leaves, the writer reads the
+/// row again under its lock and refuses unless it still carries the same access
+/// (`VaultStore.openCurrentSecret`). Not thread-safe: the broker keeps each reader behind its
+/// own lock.
+public final class VaultReader {
+    private let store: VaultStore
+
+    private init(store: VaultStore) { self.store = store }
+
+    /// Opens `writer`'s database read-only. `.integrity` when the path names another file than
+    /// the one the writer has open (other device or inode, before, during or after the open):
+    /// a reader must never answer from a file put in the vault's place.
+    public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
+        let seed = writer.readerSeed
+        let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName
+        let (db, _) = try StateDirectory.openDatabase(path, readOnly: true, expecting: seed.fileIdentity)
+        return VaultReader(store: VaultStore(reader: seed, db: db))
+    }
+
+    /// `VaultStore.item(owner:service:account:)` read on this connection, with the same checks
+    /// (the row opens under the vault key, names and owner match, its generation is the one the
+    /// authenticated generation record holds). One read transaction: the row and the record come
+    /// from one snapshot, and the snapshot is let go before this returns.
+    public func item(owner: UInt32, service: String, account: String) throws(StoreError) -> StoredItem? {
+        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
+            try store.item(owner: owner, service: service, account: account)
+        }
+    }
+
+    /// Later lookups fail with `.closed`. The broker closes its readers before the writer, so the
+    /// writer's close is the last one and checkpoints and removes the WAL.
+    public func close() { store.close() }
+}
