@@ -48,7 +48,10 @@ public final class Broker: Sendable {
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
-        if let refusal { log("no read-only connection to the vault (\(refusal)); lookups wait for the store lock") }
+        if let refusal {
+            let why = refusal == .integrity ? "the file at the vault's path is not the one the broker opened" : "\(refusal)"
+            log("no read-only connection to the vault (\(why)); lookups wait for the store lock")
+        }
     }
 
     /// Read-only connections: one per core of the machines this is measured on (two).

@@ -14,12 +14,17 @@ extension Session {
         case answered(Response)
     }
 
-    /// The lookup is a reader's (Broker.readItem): it does not wait for a commit's fsync. What
-    /// it found is only what the gate decides on; `release` re-checks the row under the lock.
+    /// The lookup a release is decided on: a reader's (Broker.readItem), which does not wait for
+    /// a commit's fsync; the writer's when there is no reader. What it finds is only what the
+    /// gate decides on: `release` reads the row again under the store lock.
+    func releaseLookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
+        broker.readItem(owner: caller.uid, ref) ?? lookup(ref)
+    }
+
     func decideRelease(_ request: Request) -> Decision {
         guard let ref = request.item else { return .answered(Response(.usage)) }
         let item: StoredItem
-        switch broker.readItem(owner: caller.uid, ref) ?? lookup(ref) {
+        switch releaseLookup(ref) {
         case .failure(let d): return .answered(deny(request, .get, item: nil, d))
         case .success(nil): return .answered(deny(request, .get, item: nil, Denial(.notFound)))
         case .success(let found?): item = found

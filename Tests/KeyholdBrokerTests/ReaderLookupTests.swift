@@ -1,0 +1,187 @@
+import Foundation
+import Glibc
+import Synchronization
+import Testing
+import KeyholdCore
+import KeyholdVault
+import KeyholdProtocol
+import KeyholdTestSupport
+@testable import KeyholdBroker
+
+/// The lookup a release is decided on runs on a read-only connection (`VaultReader`), against a
+/// real vault file, inside a real `Broker`: it does not wait for the store lock, it opens only
+/// the writer's file, it checks rows as the writer does, and it answers nothing after a rollback.
+@Suite(.serialized, .timeLimit(.minutes(3))) struct ReaderLookupTests {
+    final class Harness: @unchecked Sendable {
+        let directory = TestPaths.temporaryDirectory("kh-reader")
+        let broker: Broker
+        var dbPath: String { directory + "/state/vault.db" }
+        static let ref = ItemReference(service: "svc", account: "acct")
+
+        init(anchored: Bool = false) throws {
+            let store = try VaultStore.open(stateDirectory: directory + "/state", passwordHashing: .interactive)
+            broker = Broker(store: store, gate: ReleaseGateTests.gate(ReleaseGateTests.yes),
+                            syslog: AuditSyslog(socketPath: directory + "/no-log"),
+                            reserve: FreeSpaceReserve(directory: directory, bytes: 0),
+                            anchor: anchored ? RollbackAnchor(path: directory + "/anchor") : nil)
+        }
+        deinit {
+            broker.close()
+            try? FileManager.default.removeItem(atPath: directory)
+        }
+
+        func session() -> Session { Session(fd: -1, caller: ReleaseGateTests.caller(), broker: broker) }
+
+        static func record(_ op: AuditOperation) -> AuditRecord {
+            AuditRecord(callerUID: ReleaseGateTests.uid, callerPID: 1, executable: "/t", operation: op, service: "svc",
+                        account: "acct", decision: .granted, method: .none, reason: nil, outcome: .ok)
+        }
+
+        /// Through the store lock, as the broker's `put` does.
+        func add(_ secret: String) -> StoredItem? {
+            broker.withStore { store in
+                try? store.add(owner: ReleaseGateTests.uid, NewItem(service: "svc", account: "acct"),
+                               secret: SecureBytes(copying: Array(secret.utf8)), audit: Self.record(.put))
+            }
+        }
+
+        /// SQL on a connection of the test's own (someone who can write vault.db).
+        func sql(_ text: String) throws {
+            let db = try Database(path: dbPath)
+            defer { db.close() }
+            try db.execute(text)
+        }
+    }
+
+    static func found(_ r: Result<StoredItem?, Denial>) -> StoredItem? {
+        if case .success(let item?) = r { return item }
+        return nil
+    }
+
+    static func outcome(_ r: Result<StoredItem?, Denial>) -> Outcome {
+        switch r {
+        case .success(nil): .notFound
+        case .success: .ok
+        case .failure(let d): d.outcome
+        }
+    }
+
+    /// One thread holds the store lock (as a group commit does across its fsync) until the
+    /// lookup has answered, or 30 s: answered while the lock is held, or the test fails. Without
+    /// readers the lookup waits for the lock, the holder gives up after 30 s, and this fails.
+    @Test func aReleaseLookupProceedsWhileTheStoreLockIsHeld() throws {
+        let h = try Harness()
+        let item = try #require(h.add("s1"))
+        #expect(!h.broker.readers.isEmpty)
+        let held = DispatchSemaphore(value: 0), answered = DispatchSemaphore(value: 0), released = DispatchSemaphore(value: 0)
+        let answeredWhileHeld = Mutex(false)
+        let holder = Thread {
+            h.broker.withStore { _ in
+                held.signal()
+                let ok = answered.wait(timeout: .now() + 30) == .success
+                answeredWhileHeld.withLock { $0 = ok }
+            }
+            released.signal()
+        }
+        holder.start()
+        held.wait()
+        let result = h.session().releaseLookup(Harness.ref)
+        answered.signal()
+        released.wait()
+        #expect(answeredWhileHeld.withLock { $0 })
+        #expect(Self.found(result)?.id == item.id)
+        #expect(Self.found(result)?.generation == 1)
+    }
+
+    /// The file at the vault's path is another one (the real one renamed away and a copy put in
+    /// its place, or a symlink): no reader opens it; the broker then has no readers and answers
+    /// lookups from the writer, which still has the real file.
+    @Test func aReaderRefusesAFileThatIsNotTheWritersFile() throws {
+        let dir = TestPaths.temporaryDirectory("kh-reader-swap")
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let path = dir + "/state/vault.db"
+        let writer = try VaultStore.open(stateDirectory: dir + "/state", passwordHashing: .interactive)
+        let same = try VaultReader.open(for: writer)
+        same.close()
+
+        #expect(rename(path, path + ".real") == 0)
+        #expect(runCommand("/bin/cp", ["-p", path + ".real", path]).status == 0)
+        #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
+        #expect(unlink(path) == 0 && symlink(path + ".real", path) == 0)
+        #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
+
+        // A broker started on that writer while the path is not its file: no readers, and the
+        // writer answers the lookup.
+        _ = try writer.add(owner: ReleaseGateTests.uid, NewItem(service: "svc", account: "acct"),
+                           secret: SecureBytes(copying: Array("s".utf8)), audit: Harness.record(.put))
+        let broker = Broker(store: writer, gate: ReleaseGateTests.gate(ReleaseGateTests.yes),
+                            syslog: AuditSyslog(socketPath: dir + "/no-log"), reserve: FreeSpaceReserve(directory: dir, bytes: 0))
+        #expect(broker.readers.isEmpty)
+        let session = Session(fd: -1, caller: ReleaseGateTests.caller(), broker: broker)
+        #expect(broker.readItem(owner: ReleaseGateTests.uid, Harness.ref) == nil)
+        #expect(Self.found(session.releaseLookup(Harness.ref)) != nil)
+        broker.close()
+    }
+
+    /// The reader checks a row against the authenticated generation record as the writer does:
+    /// an older copy of a row put back (with or without its old `item_generation` row) is
+    /// *integrity* on both connections, never the older item.
+    @Test func anOlderRowPutBackIsIntegrityOnTheReaderAsOnTheWriter() throws {
+        let h = try Harness()
+        let first = try #require(h.add("old"))
+        try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
+        let replaced: StoredItem? = h.broker.withStore { store in
+            try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
+                               secret: SecureBytes(copying: Array("new".utf8)), audit: Harness.record(.update))
+        }
+        #expect(replaced?.generation == 2)
+        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 2)  // the reader's record is cached now
+
+        let attach = "ATTACH '\(h.directory)/snapshot.db' AS old;"
+        try h.sql(attach + "DELETE FROM items; INSERT INTO items SELECT * FROM old.items;")
+        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .integrityFailure)
+        #expect(Self.outcome(h.session().lookup(Harness.ref)) == .integrityFailure)
+        try h.sql(attach + "DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;")
+        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .integrityFailure)
+        #expect(Self.outcome(h.session().lookup(Harness.ref)) == .integrityFailure)
+    }
+
+    /// A whole older copy put back into the live file (rows, generation record and audit head:
+    /// every check of the row passes, and the reader does find the removed item). The release
+    /// goes through the store lock, where the rollback watch sees the head behind the anchor:
+    /// nothing is released, every later answer is the rollback refusal, and the reader answers
+    /// nothing from the vault any more (the closed store's answer, as the writer path gives).
+    @Test func afterARollbackNoGetIsServedAndTheReaderAnswersNothing() throws {
+        let h = try Harness(anchored: true)
+        let item = try #require(h.add("revoked-token"))
+        try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
+        let removed: Bool = h.broker.withStore { store in (try? store.delete(item, audit: Harness.record(.delete))) != nil }
+        #expect(removed)
+        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .notFound)
+
+        try h.sql("""
+            ATTACH '\(h.directory)/snapshot.db' AS old;
+            BEGIN IMMEDIATE;
+            DELETE FROM items; INSERT INTO items SELECT * FROM old.items;
+            DELETE FROM item_search; INSERT INTO item_search SELECT * FROM old.item_search;
+            DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;
+            DELETE FROM item_generation_head; INSERT INTO item_generation_head SELECT * FROM old.item_generation_head;
+            DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
+            COMMIT;
+            """)
+        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.id == item.id)  // the reader reads what the file holds
+
+        var request = Request(.get, item: Harness.ref)
+        request.allowInteraction = false
+        let response = h.session().get(request)
+        #expect(response.secret == nil)
+        #expect(response.outcome != .ok)
+        #expect(h.broker.rollbackRefusal.withLock { $0 } != nil)
+        #expect(h.broker.rollbackAnswer(replacing: response)?.outcome == .integrityFailure)
+
+        let viaReader = try #require(h.broker.readItem(owner: ReleaseGateTests.uid, Harness.ref))
+        #expect(Self.outcome(viaReader) == .otherError)
+        #expect(Self.outcome(viaReader) == Self.outcome(h.session().lookup(Harness.ref)))
+        #expect(h.session().get(request).secret == nil)
+    }
+}
