@@ -93,27 +93,46 @@ import KeyholdTestSupport
         #expect(Self.found(result)?.generation == 1)
     }
 
-    /// The file at the vault's path is another one (the real one renamed away and a copy put in
-    /// its place, or a symlink): no reader opens it; the broker then has no readers and answers
-    /// lookups from the writer, which still has the real file.
-    @Test func aReaderRefusesAFileThatIsNotTheWritersFile() throws {
+    /// The files at the vault's paths are others than the writer's: no reader opens them. A
+    /// reader opened before keeps the writer's files (the WAL included, which SQLite opens by
+    /// path at the first read, so that read is part of the open). A broker whose readers are
+    /// refused answers lookups from the writer, which still has the real files.
+    @Test func aReaderRefusesFilesThatAreNotTheWritersFiles() throws {
         let dir = TestPaths.temporaryDirectory("kh-reader-swap")
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        let path = dir + "/state/vault.db"
-        let writer = try VaultStore.open(stateDirectory: dir + "/state", passwordHashing: .interactive)
-        let same = try VaultReader.open(for: writer)
-        same.close()
+        let state = dir + "/state", path = dir + "/state/vault.db"
+        let writer = try VaultStore.open(stateDirectory: state, passwordHashing: .interactive)
+        func add() throws -> StoredItem {
+            try writer.add(owner: ReleaseGateTests.uid, NewItem(service: "svc", account: "acct"),
+                           secret: SecureBytes(copying: Array("s".utf8)), audit: Harness.record(.put))
+        }
+        let item = try add()
+        #expect(runCommand("/bin/cp", ["-a", state, dir + "/snapshot"]).status == 0)  // holds the item
+        try writer.delete(item, audit: Harness.record(.delete))
 
-        #expect(rename(path, path + ".real") == 0)
-        #expect(runCommand("/bin/cp", ["-p", path + ".real", path]).status == 0)
+        // The state directory swapped for the older copy under an open reader: it reads the writer's files.
+        let reader = try VaultReader.open(for: writer)
+        #expect(rename(state, dir + "/live") == 0 && rename(dir + "/snapshot", state) == 0)
+        #expect(try reader.item(owner: ReleaseGateTests.uid, service: "svc", account: "acct") == nil)
+        reader.close()
         #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
-        #expect(unlink(path) == 0 && symlink(path + ".real", path) == 0)
+        #expect(rename(state, dir + "/copy") == 0 && rename(dir + "/live", state) == 0)
+        try VaultReader.open(for: writer).close()
+
+        // Another file at the database's path, at the WAL's, or a symlink to the real database.
+        for file in [path, path + "-wal"] {
+            #expect(rename(file, file + ".real") == 0)
+            #expect(runCommand("/bin/cp", ["-p", file + ".real", file]).status == 0)
+            #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
+            #expect(rename(file + ".real", file) == 0)
+        }
+        try VaultReader.open(for: writer).close()
+        #expect(rename(path, path + ".real") == 0 && symlink(path + ".real", path) == 0)
         #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
 
         // A broker started on that writer while the path is not its file: no readers, and the
         // writer answers the lookup.
-        _ = try writer.add(owner: ReleaseGateTests.uid, NewItem(service: "svc", account: "acct"),
-                           secret: SecureBytes(copying: Array("s".utf8)), audit: Harness.record(.put))
+        _ = try add()
         let broker = Broker(store: writer, gate: ReleaseGateTests.gate(ReleaseGateTests.yes),
                             syslog: AuditSyslog(socketPath: dir + "/no-log"), reserve: FreeSpaceReserve(directory: dir, bytes: 0))
         #expect(broker.readers.isEmpty)

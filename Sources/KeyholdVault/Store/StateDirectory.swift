@@ -109,19 +109,47 @@ enum StateDirectory {
 
     /// Opens the database at `path` and says which file it is: the path must name the same file
     /// (device and inode) before and after SQLite opened it, and SQLite's descriptor must be the
-    /// file at the path, else `.integrity` (the file was swapped while it was opened). With
-    /// `expecting`, that file must also be this one (a reader must open the writer's file).
-    static func openDatabase(_ path: String, readOnly: Bool = false,
-                             expecting: FileIdentity? = nil) throws(StoreError) -> (Database, FileIdentity) {
+    /// file at the path, else `.integrity` (the file was swapped while it was opened).
+    static func openDatabase(_ path: String) throws(StoreError) -> (Database, FileIdentity) {
         let before = try identity(path)
-        guard expecting == nil || expecting == before else { throw .integrity }
         let db: Database
-        do { db = try Database(path: path, readOnly: readOnly) } catch { throw StoreError.from(error) }
+        do { db = try Database(path: path) } catch { throw StoreError.from(error) }
         guard !db.fileHasMoved, (try? identity(path)) == before else {
             db.close()
             throw .integrity
         }
         return (db, before)
+    }
+
+    /// The files SQLite opens by path for one database: itself, its WAL and its shared memory.
+    static func databaseFiles(_ path: String) throws(StoreError) -> [FileIdentity] {
+        [try identity(path), try identity(path + "-wal"), try identity(path + "-shm")]
+    }
+
+    /// The files `db` (opened at `path` as `opened`) has open now, once it has read: what a
+    /// reader must find at these paths. `.integrity` if the database is no longer the one at its path.
+    static func openedFiles(_ db: Database, at path: String, opened: FileIdentity) throws(StoreError) -> [FileIdentity] {
+        let files = try databaseFiles(path)
+        guard !db.fileHasMoved, files[0] == opened else { throw .integrity }
+        return files
+    }
+
+    /// Opens `path` read-only as another connection to the writer's files (`expecting`, from
+    /// `openedFiles`): the database, WAL and shared-memory paths must name those files before
+    /// SQLite opens the database and after its first read (which opens the WAL and the shared
+    /// memory, by path), and SQLite's descriptor must be the file at the path; else `.integrity`.
+    static func openReader(_ path: String, expecting: [FileIdentity]) throws(StoreError) -> Database {
+        guard try databaseFiles(path) == expecting else { throw .integrity }
+        let db: Database
+        do {
+            db = try Database(path: path, readOnly: true)
+            _ = try db.pragma("schema_version")
+        } catch { throw StoreError.from(error) }
+        guard !db.fileHasMoved, (try? databaseFiles(path)) == expecting else {
+            db.close()
+            throw .integrity
+        }
+        return db
     }
 
     static func checkExistingFile(_ path: String) throws(StoreError) {

@@ -13,13 +13,15 @@ public final class VaultReader {
 
     private init(store: VaultStore) { self.store = store }
 
-    /// Opens `writer`'s database read-only. `.integrity` when the path names another file than
-    /// the one the writer has open (other device or inode, before, during or after the open):
-    /// a reader must never answer from a file put in the vault's place.
+    /// Opens `writer`'s database read-only. `.integrity` when a path names another file than
+    /// the one the writer has open (the database, its WAL or its shared memory; other device or
+    /// inode, before the open or after its first read): a reader must never answer from a file
+    /// put in the vault's place. The first read is part of the open because SQLite opens the WAL
+    /// by path only then; the reader keeps what it opened, whatever the paths name later.
     public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
         let seed = writer.readerSeed
         let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName
-        let (db, _) = try StateDirectory.openDatabase(path, readOnly: true, expecting: seed.fileIdentity)
+        let db = try StateDirectory.openReader(path, expecting: seed.fileIdentities)
         return VaultReader(store: VaultStore(reader: seed, db: db))
     }
 

@@ -21,8 +21,9 @@ public final class VaultStore {
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
     public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
-    /// The database file this store has open (device, inode), for `VaultReader.open(for:)`.
-    let fileIdentity: StateDirectory.FileIdentity
+    /// The database, WAL and shared-memory files this store has open (device, inode), which a
+    /// `VaultReader` must find at their paths. Set when `open` has read the vault.
+    var fileIdentities: [StateDirectory.FileIdentity] = []
     /// A reader's store (VaultReader): it never writes, and sees the writer's commits as another
     /// connection's (VaultStore+Generation).
     let isReader: Bool
@@ -35,10 +36,8 @@ public final class VaultStore {
     public static var schemaVersion: Int64 { Schema.knownVersion }
     static let formatName = "keyhold-vault"
 
-    private init(db: Database, fileIdentity: StateDirectory.FileIdentity, key: VaultKey, stateDirectory: String,
-                 passwordHashing: PasswordHashStrength) {
+    private init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
         self.db = db
-        self.fileIdentity = fileIdentity
         self.isReader = false
         self.wrappingKey = key.wrappingKey
         self.attributeKey = key.attributeKey
@@ -55,12 +54,12 @@ public final class VaultStore {
     struct ReaderSeed: Sendable {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
-        let fileIdentity: StateDirectory.FileIdentity, stateDirectory: String, passwordHashing: PasswordHashStrength
+        let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
     }
 
     var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
-                   generationKey: generationKey, searchKey: searchKey, fileIdentity: fileIdentity,
+                   generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
                    stateDirectory: stateDirectory, passwordHashing: passwordHashing)
     }
 
@@ -74,7 +73,7 @@ public final class VaultStore {
         self.auditKey = seed.auditKey
         self.generationKey = seed.generationKey
         self.searchKey = seed.searchKey
-        self.fileIdentity = seed.fileIdentity
+        self.fileIdentities = seed.fileIdentities
         self.stateDirectory = seed.stateDirectory
         self.passwordHashing = seed.passwordHashing
     }
@@ -125,13 +124,13 @@ public final class VaultStore {
             }
         }
 
-        let store = VaultStore(db: db, fileIdentity: fileIdentity, key: key, stateDirectory: stateDirectory,
-                               passwordHashing: passwordHashing)
+        let store = VaultStore(db: db, key: key, stateDirectory: stateDirectory, passwordHashing: passwordHashing)
         try store.configure()
         try store.migrate(from: existingVersion)
         try store.checkOrRecordKey(key)
         if existingVersion < 2 { try store.initialiseGenerationHead() }
         try store.backfillSearchIndex()
+        store.fileIdentities = try StateDirectory.openedFiles(db, at: dbPath, opened: fileIdentity)
         return store
     }
 
