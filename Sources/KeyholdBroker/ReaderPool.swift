@@ -8,7 +8,7 @@ import KeyholdVault
 /// could be opened, and the writer answers lookups as before.
 final class ReaderPool: Sendable {
     private let readers: [BlockingMutex<VaultReader>]
-    private let next = Atomic<Int>(0)
+    private let next = Atomic<UInt>(0)
 
     /// No reader: the writer answers every lookup.
     init() { readers = [] }
@@ -37,8 +37,8 @@ final class ReaderPool: Sendable {
         for reader in readers {
             if let r = reader.withLockIfFree(body) { return r }
         }
-        let i = next.add(1, ordering: .relaxed).oldValue % readers.count
-        return readers[i].withLock(body)
+        let i = next.wrappingAdd(1, ordering: .relaxed).oldValue % UInt(readers.count)
+        return readers[Int(i)].withLock(body)
     }
 
     /// Waits for each reader's lookup in flight; later lookups fail with `.closed`.
