@@ -100,6 +100,43 @@ import KeyholdTestSupport
         print("tightening: \(olds.value) old secrets, \(refusals.value) refusals of which \(conflicts.value) conflicts (decided on the old row, refused at release), \(leaked.value) leaked")
     }
 
+    /// An older copy's rows, generation record and audit head written into the live file under
+    /// a running broker with `--rollback-anchor` (the reader's lookup finds the removed token:
+    /// every check of the row passes). The get's release goes through the store lock, where the
+    /// rollback check refuses it: nothing is released, and every later get answers *integrity*.
+    @Test func aRollbackIntoTheLiveFileServesNoGet() throws {
+        let outside = TestPaths.temporaryDirectory("kha")
+        defer { try? FileManager.default.removeItem(atPath: outside) }
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", outside + "/anchor"])
+        let vault = Vault(socketPath: b.socketPath)
+        try vault.add(Self.bytes("old-token"), service: "revoked", account: "token")
+        try vault.add(Self.bytes("other"), service: "other", account: "x")
+        let live = b.stateDirectory + "/vault.db", snapshot = b.directory + "/snapshot.db"
+        let db = try Database(path: live)
+        defer { db.close() }
+        try db.execute("VACUUM INTO '\(snapshot)'")
+        try vault.delete(service: "revoked", account: "token")
+        try db.execute("""
+            ATTACH '\(snapshot)' AS old;
+            BEGIN IMMEDIATE;
+            DELETE FROM items; INSERT INTO items SELECT * FROM old.items;
+            DELETE FROM item_search; INSERT INTO item_search SELECT * FROM old.item_search;
+            DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;
+            DELETE FROM item_generation_head; INSERT INTO item_generation_head SELECT * FROM old.item_generation_head;
+            DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
+            COMMIT;
+            """)
+        for (service, account) in [("revoked", "token"), ("other", "x"), ("revoked", "token")] {
+            do {
+                let s = try Vault(socketPath: b.socketPath).secret(service: service, account: account)
+                Issue.record("released \(service) after the rollback: \(Self.text(s))")
+            } catch {
+                guard case KeyholdError.integrityFailure = error else { Issue.record("\(error)"); continue }
+            }
+        }
+        #expect(b.brokerLog.contains("the vault was restored from an older copy"))
+    }
+
     /// Gets and puts from many clients with the readers in use: readers hold a snapshot only for
     /// one lookup, so checkpoints keep completing and the WAL file (SQLite reuses it from the
     /// start after a complete checkpoint; the file never shrinks while open) stays near the
