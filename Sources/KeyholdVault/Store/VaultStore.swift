@@ -130,7 +130,8 @@ public final class VaultStore {
         try store.checkOrRecordKey(key)
         if existingVersion < 2 { try store.initialiseGenerationHead() }
         try store.backfillSearchIndex()
-        store.fileIdentities = try StateDirectory.openedFiles(db, at: dbPath, opened: fileIdentity)
+        // None when they cannot be named: then no reader opens, and the broker looks up on the writer.
+        store.fileIdentities = (try? StateDirectory.openedFiles(db, at: dbPath, opened: fileIdentity)) ?? []
         return store
     }
 
