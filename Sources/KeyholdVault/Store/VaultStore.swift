@@ -18,6 +18,8 @@ public final class VaultStore {
     let searchKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
+    /// The writer's record as of its last change, shared with its readers (the writer's own).
+    let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
     public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
@@ -39,6 +41,7 @@ public final class VaultStore {
     private init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
         self.db = db
         self.isReader = false
+        self.publishedGenerations = PublishedGenerations()
         self.wrappingKey = key.wrappingKey
         self.attributeKey = key.attributeKey
         self.blindIndexKey = key.blindIndexKey
@@ -55,18 +58,20 @@ public final class VaultStore {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
         let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
+        let publishedGenerations: PublishedGenerations
     }
 
     var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
                    generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
-                   stateDirectory: stateDirectory, passwordHashing: passwordHashing)
+                   stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations)
     }
 
     /// A read-only store over `db`, another connection to the writer's file, with its keys.
     init(reader seed: ReaderSeed, db: Database) {
         self.db = db
         self.isReader = true
+        self.publishedGenerations = seed.publishedGenerations
         self.wrappingKey = seed.wrappingKey
         self.attributeKey = seed.attributeKey
         self.blindIndexKey = seed.blindIndexKey
