@@ -38,22 +38,17 @@ public final class VaultStore {
     public static var schemaVersion: Int64 { Schema.knownVersion }
     static let formatName = "keyhold-vault"
 
-    private init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
-        self.db = db
-        self.isReader = false
-        self.publishedGenerations = PublishedGenerations()
-        self.wrappingKey = key.wrappingKey
-        self.attributeKey = key.attributeKey
-        self.blindIndexKey = key.blindIndexKey
-        self.auditKey = key.auditKey
-        self.generationKey = key.generationKey
-        self.searchKey = key.searchKey
-        self.stateDirectory = stateDirectory
-        self.passwordHashing = passwordHashing
+    /// The writer's store: its keys from `key`, a new record of generations to publish.
+    private convenience init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
+        self.init(db: db, isReader: false, ReaderSeed(
+            wrappingKey: key.wrappingKey, attributeKey: key.attributeKey, blindIndexKey: key.blindIndexKey, auditKey: key.auditKey,
+            generationKey: key.generationKey, searchKey: key.searchKey, fileIdentities: [], stateDirectory: stateDirectory,
+            passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations()))
     }
 
-    /// What a reader's store takes from the writer's: Sendable values only, so a reader is not
-    /// tied to the writer (it is used on other threads, under its own lock).
+    /// A store's keys and settings; what a reader's store takes from the writer's: Sendable
+    /// values only, so a reader is not tied to the writer (it is used on other threads, under
+    /// its own lock).
     struct ReaderSeed: Sendable {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
@@ -68,9 +63,13 @@ public final class VaultStore {
     }
 
     /// A read-only store over `db`, another connection to the writer's file, with its keys.
-    init(reader seed: ReaderSeed, db: Database) {
+    convenience init(reader seed: ReaderSeed, db: Database) {
+        self.init(db: db, isReader: true, seed)
+    }
+
+    private init(db: Database, isReader: Bool, _ seed: ReaderSeed) {
         self.db = db
-        self.isReader = true
+        self.isReader = isReader
         self.publishedGenerations = seed.publishedGenerations
         self.wrappingKey = seed.wrappingKey
         self.attributeKey = seed.attributeKey
