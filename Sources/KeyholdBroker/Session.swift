@@ -19,9 +19,10 @@ struct Session {
         static let answerMilliseconds = 120_000
         static let idleMilliseconds = 5_000
         static let frameMilliseconds = 10_000
-        /// How long a kept connection may wait for its next request (it holds one of its
-        /// uid's connection slots meanwhile); that request then has `requestMilliseconds`.
-        static let keepAliveMilliseconds = 5_000
+        /// How long a kept connection may wait for its next request: it holds one of its uid's
+        /// connection slots and a thread meanwhile, so briefly (a client reuses it within
+        /// 0.5 s: KeptConnection.swift); that request then has `requestMilliseconds`.
+        static let keepAliveMilliseconds = 1_000
     }
 
     /// Requests that end with their response and nothing after it: the connection may carry
@@ -43,18 +44,23 @@ struct Session {
                 guard let p = try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first) else { return }
                 payload = p
             } catch {
-                Session(fd: fd, caller: .identify(socket: fd, peer: peer), broker: broker).rejectMalformed(error)
+                // Whoever sent the bytes that were read, if any did; else the peer.
+                var caller = reader.senders.isEmpty ? Caller.identify(socket: fd, peer: peer)
+                    : Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+                caller.identityProblem = "the request could not be read"
+                Session(fd: fd, caller: caller, broker: broker).rejectMalformed(error)
                 return
             }
-            first = false
             let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-            guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid)) else { return }
+            guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid),
+                                                                   kept: !first) else { return }
+            first = false
         }
     }
 
     /// Answers one request; true when the connection may carry another (`keptAfter`, and the
-    /// response was delivered).
-    func run(_ payload: SecureBytes, senderUIDs: [UInt32]) -> Bool {
+    /// response was delivered). `kept`: not the connection's first request.
+    func run(_ payload: SecureBytes, senderUIDs: [UInt32], kept: Bool = false) -> Bool {
         let message: ClientMessage
         do throws(FrameError) {
             message = try ClientMessage.decode(payload)
@@ -64,8 +70,18 @@ struct Session {
         }
         payload.wipe()
         guard case .request(let request) = message else {
-            rejectMalformed(.unexpectedMessage)
-            return false
+            switch message {
+            case .answer(let late) where kept:
+                // A prompt's answer that came after its request was decided (its deadline
+                // passed): the end of the connection, not a malformed request.
+                late.wipe()
+                return false
+            case .cancel where kept:
+                return false
+            default:
+                rejectMalformed(.unexpectedMessage)
+                return false
+            }
         }
         // A vault seen rolled back while serving: nothing more (RollbackWatch.swift).
         if let refused = broker.rollbackAnswer() {

@@ -19,7 +19,7 @@ public protocol Interaction: AnyObject {
 final class BrokerConnection {
     private(set) var fd: Int32
     let socketPath: String
-    /// A reply frame arrived on this connection.
+    /// A reply frame arrived for the request in progress.
     private var answered = false
     /// The broker closed this connection before reading the request sent on it (a write that
     /// found it closed, or a reset for bytes it never read): asking again cannot repeat it.
@@ -105,6 +105,9 @@ final class BrokerConnection {
                              onAudit: ([AuditEntryInfo]) -> Bool,
                              onExportHeader: (AuditExportHeader) -> Void,
                              onRotation: (SecureBytes, UInt64) -> ClientMessage) throws(KeyholdError) -> Response {
+        // Per request: on a kept connection the previous request's reply says nothing of this one.
+        answered = false
+        closedBeforeReading = false
         do throws(KeyholdError) {
             try send(.request(request))
         } catch {

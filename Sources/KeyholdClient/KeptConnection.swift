@@ -12,27 +12,44 @@ import CKeyholdOS
 /// A kept connection is used again only by the process that opened it (after a `fork` the
 /// child closes its inherited copy and connects itself: two processes on one connection would
 /// interleave frames, and the broker refuses `--allow-exe` items on a shared connection), only
-/// within `reuseSeconds` of its last answer (the broker waits 5 s for a next request), and only
-/// when nothing is pending on it (the broker closed it, or sent something unexpected).
+/// while the process has the same user and group ids (a daemon that dropped privileges
+/// connects as what it is now), only within `reuseMilliseconds` of its last answer (the broker
+/// waits 1 s for a next request, holding one of the uid's connection slots), and only when
+/// nothing is pending on it (the broker closed it, or sent something unexpected).
 final class KeptConnection: Sendable {
-    static let reuseSeconds: UInt64 = 2
+    static let reuseMilliseconds: UInt64 = 500
+
+    /// The process a connection was kept by: who it was, and which socket the descriptor was.
+    struct Owner: Equatable {
+        let pid: Int32, uid: UInt32, euid: UInt32, gid: UInt32, egid: UInt32
+
+        static var current: Owner { Owner(pid: getpid(), uid: getuid(), euid: geteuid(), gid: getgid(), egid: getegid()) }
+    }
 
     private struct Idle: @unchecked Sendable {
         var connection: BrokerConnection?
-        var owner: Int32 = 0
+        var owner: Owner?
+        var inode: UInt64 = 0
         var lastAnswer: UInt64 = 0
     }
     private let idle = Mutex(Idle())
 
     /// The kept connection when it may be used again, else nil (and a stale one is closed).
     func take() -> BrokerConnection? {
-        guard let (connection, owner, lastAnswer) = idle.withLock({ i -> (BrokerConnection, Int32, UInt64)? in
-            defer { i.connection = nil }
-            return i.connection.map { ($0, i.owner, i.lastAnswer) }
-        }) else { return nil }
-        let fresh = MonotonicClock.nanoseconds() - lastAnswer < Self.reuseSeconds * 1_000_000_000
+        guard let kept = idle.withLock({ i -> Idle? in
+            defer { i = Idle() }
+            return i.connection == nil ? nil : i
+        }), let connection = kept.connection else { return nil }
+        let now = Owner.current
+        if kept.owner?.pid != now.pid {
+            // A forked child: its copy of the parent's descriptor is closed (the parent's stays
+            // open), unless the number now names another file the child opened since.
+            if Self.inode(connection.fd) == kept.inode { connection.close() }
+            return nil
+        }
+        let fresh = MonotonicClock.nanoseconds() - kept.lastAnswer < Self.reuseMilliseconds * 1_000_000
         // poll: readable or hung up means the broker closed it (or spoke out of turn).
-        guard owner == getpid(), fresh, ckh_poll1(connection.fd, Int32(POLLIN), 0) == 0 else {
+        guard kept.owner == now, fresh, ckh_poll1(connection.fd, Int32(POLLIN), 0) == 0 else {
             connection.close()
             return nil
         }
@@ -41,11 +58,17 @@ final class KeptConnection: Sendable {
 
     /// Keeps `connection` after a complete answer; the one kept before (another thread's) is closed.
     func keep(_ connection: BrokerConnection) {
+        let kept = Idle(connection: connection, owner: .current, inode: Self.inode(connection.fd), lastAnswer: MonotonicClock.nanoseconds())
         let previous = idle.withLock { i -> BrokerConnection? in
-            defer { i = Idle(connection: connection, owner: getpid(), lastAnswer: MonotonicClock.nanoseconds()) }
+            defer { i = kept }
             return i.connection
         }
         previous?.close()
+    }
+
+    private static func inode(_ fd: Int32) -> UInt64 {
+        var st = stat()
+        return fstat(fd, &st) == 0 ? UInt64(st.st_ino) : 0
     }
 
     deinit { idle.withLock { $0.connection?.close() } }

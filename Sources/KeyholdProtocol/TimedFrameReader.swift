@@ -22,8 +22,9 @@ public struct TimedFrameReader {
 
     /// Reads one frame: its first byte must come within `idleMilliseconds`, the whole frame
     /// within `frameMilliseconds` of this call. nil on a clean end of stream before any byte,
-    /// and, with `idleEndsStream`, when no byte came within `idleMilliseconds` (a kept
-    /// connection that was simply not used again is not an error).
+    /// and, with `idleEndsStream`, when no byte came within `idleMilliseconds` or the
+    /// connection was reset before one (a kept connection that was simply not used again, or
+    /// closed with an answer unread, is not an error).
     public mutating func read(idleMilliseconds: Int, frameMilliseconds: Int, idleEndsStream: Bool = false) throws(FrameError) -> SecureBytes? {
         senders = []
         let start = Self.nowMilliseconds()
@@ -36,7 +37,9 @@ public struct TimedFrameReader {
             } catch { failure = error; return 0 }
         }
         if let failure {
-            if idleEndsStream, done == 0, failure == .io(ETIMEDOUT) { return nil }
+            // Before any byte of a kept connection's next request: the client left (a reset
+            // when it closed with our last answer unread) or did not ask again in time.
+            if idleEndsStream, done == 0, failure == .io(ETIMEDOUT) || failure == .io(ECONNRESET) { return nil }
             throw failure
         }
         if got == 0 { return nil }

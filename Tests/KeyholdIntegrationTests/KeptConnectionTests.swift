@@ -1,8 +1,10 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import KeyholdClient
 import KeyholdCore
+import KeyholdProtocol
 import KeyholdTestSupport
 
 /// A connection kept for more than one request (Session.serve, KeptConnection.swift) carries no
@@ -44,13 +46,19 @@ extension HostileLocalUserTests {
         #expect(r["outcomes"] as? [String] == ["ok", "ok", "ok", "ok", "ok"], "\(r)")
         // Kept open after the last answer (not closed at once), then closed by the broker.
         let idle = r["idle"] as? Double ?? 0
-        #expect(r["closed"] as? Bool == true && idle > 1, "\(r)")
+        #expect(r["closed"] as? Bool == true && idle > 0.5, "\(r)")
+        // A client that closes with its answer unread (the broker's next read sees a reset).
+        _ = hostile(b, ["unread", "svc", "a"], as: user)
+        // The broker has let that connection go once another request is answered after it.
+        #expect(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText == "kept-value")
+        #expect(auditEntries(b).contains { ($0["reason"] as? String) == "unread" && ($0["outcome"] as? String) == "ok" })
         let entries = auditEntries(b)
         for i in 0..<5 {
             let e = entries.first { ($0["reason"] as? String) == "kept-\(i)" }
             #expect(e?["outcome"] as? String == "ok" && e?["pid"] as? Int == r["pid"] as? Int, "kept-\(i): \(String(describing: e))")
         }
-        // Letting an idle connection go is not a malformed request.
+        // Letting an idle connection go, or one closed with its answer unread, is not a
+        // malformed request.
         #expect(!entries.contains { ($0["operation"] as? String) == "invalid" }, "\(entries.filter { ($0["operation"] as? String) == "invalid" })")
     }
 
@@ -92,5 +100,44 @@ extension HostileLocalUserTests {
         value.wipe()
         try vault.update(SecureBytes(copying: Array("v2".utf8)), service: "kept", account: "a")
         #expect(try vault.secret(service: "kept", account: "a").withUnsafeBytes { Array($0) } == Array("v2".utf8))
+    }
+}
+
+/// A broker that closes each connection after one answer without reading more (a broker from
+/// before keep-alive, or one stopping): the kept connection is often closed between the
+/// client's check and its next send. The client then asks again on a new connection, because
+/// the request was never read; no call fails.
+@Suite struct KeptConnectionRetryTests {
+    @Test func aKeptConnectionClosedBeforeItsRequestWasReadIsRetriedOnANewOne() throws {
+        let path = TestPaths.temporaryDirectory("kh-oneshot") + "/k.sock"
+        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var addr = sockaddr_un()
+        addr.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &addr.sun_path) { buf in
+            for (i, b) in path.utf8.enumerated() { buf[i] = b }
+        }
+        let bound = withUnsafePointer(to: &addr) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        try #require(bound == 0 && listen(listener, 64) == 0)
+        let served = Atomic<Int>(0)
+        Thread.detachNewThread {
+            while true {
+                let fd = accept(listener, nil, nil)
+                if fd < 0 { return }
+                _ = try? Frame.read(from: fd)
+                try? Frame.write(BrokerMessage.response(Response(.ok, detail: "key-protector=file")).encode(), to: fd)
+                served.add(1, ordering: .relaxed)
+                close(fd)  // one request per connection, unread bytes and all
+            }
+        }
+        defer { shutdown(listener, Int32(SHUT_RDWR)); close(listener); unlink(path) }
+        let vault = Vault(socketPath: path)
+        var failures: [String] = []
+        for _ in 0..<2000 {
+            do throws(KeyholdError) { _ = try vault.protectionStatus() } catch { failures.append("\(error)") }
+        }
+        #expect(failures.isEmpty, "\(failures.count) of 2000 failed, e.g. \(failures.first ?? "")")
+        #expect(served.load(ordering: .relaxed) == 2000, "every request answered once (none asked twice after it was read)")
     }
 }

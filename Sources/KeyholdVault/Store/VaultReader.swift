@@ -1,3 +1,4 @@
+import Glibc
 import KeyholdCore
 
 /// A read-only second connection to the broker's vault file, for the item lookup a release is
@@ -20,6 +21,8 @@ public final class VaultReader {
     /// by path only then; the reader keeps what it opened, whatever the paths name later.
     public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
         let seed = writer.readerSeed
+        // The writer could not name its files at open: nothing to compare a reader's with.
+        guard !seed.fileIdentities.isEmpty else { throw .io(code: ENODATA) }
         let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName
         let db = try StateDirectory.openReader(path, expecting: seed.fileIdentities)
         return VaultReader(store: VaultStore(reader: seed, db: db))
