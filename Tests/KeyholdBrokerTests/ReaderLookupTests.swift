@@ -165,6 +165,33 @@ import KeyholdTestSupport
         #expect(Self.outcome(h.session().lookup(Harness.ref)) == .integrityFailure)
     }
 
+    /// A change the writer published and then rolled back (its group member failed after it)
+    /// is not adopted by a reader whose own record is stale: the stored digest is not the
+    /// published one, so the reader reads the whole record and finds the row at the
+    /// generation that was kept (adopting it would make the row look older: integrity).
+    @Test func aReaderDoesNotAdoptARecordWhoseChangeWasRolledBack() throws {
+        let h = try Harness()
+        let first = try #require(h.add("v1"))
+        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 1)  // cached by the reader
+        let second: StoredItem? = h.broker.withStore { store in
+            try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
+                               secret: SecureBytes(copying: Array("v2".utf8)), audit: Harness.record(.update))
+        }
+        let kept = try #require(second)
+        h.broker.withStore { store in
+            _ = store.groupTransaction {
+                _ = try? store.memberTransaction { () throws(StoreError) in
+                    try store.replace(kept, with: NewItem(service: "svc", account: "acct"),
+                                      secret: SecureBytes(copying: Array("v3".utf8)), audit: Harness.record(.update))
+                    throw StoreError.conflict  // the member fails after its change: rolled back
+                }
+            }
+        }
+        let seen = h.session().releaseLookup(Harness.ref)
+        #expect(Self.outcome(seen) == .ok && Self.found(seen)?.generation == 2, "\(Self.outcome(seen))")
+        #expect(Self.found(h.session().lookup(Harness.ref))?.generation == 2)  // the writer agrees
+    }
+
     /// A whole older copy put back into the live file (rows, generation record and audit head:
     /// every check of the row passes, and the reader does find the removed item). The release
     /// goes through the store lock, where the rollback watch sees the head behind the anchor:
