@@ -170,6 +170,7 @@ if args.contains("--throughput-only") {
     reportThroughput(socketPath: socketPath, items: stored, brokerPID: broker.processIdentifier)
     broker.terminate()
     broker.waitUntilExit()
+    try? FileManager.default.removeItem(atPath: dir)  // exit() skips the top-level defer
     exit(0)
 }
 measureCLI("1,000")
