@@ -130,12 +130,15 @@ public final class Broker: Sendable {
         }
     }
 
-    /// Readers first: the writer's close is then the last, which checkpoints and removes the WAL.
     func close() {
-        store.withLock { store in
-            readers.close()
-            store.close()
-        }
+        store.withLock { closeVault($0) }
+    }
+
+    /// Readers first: the writer's close is then the last, which checkpoints and removes the
+    /// WAL. Called with the store lock held.
+    func closeVault(_ store: VaultStore) {
+        readers.close()
+        store.close()
     }
 
     /// One line to stderr (the journal under systemd). Never a secret, service or account.

@@ -164,8 +164,7 @@ extension Broker {
     func closeAndExit() -> Never {
         flushRefusedBursts(all: true)
         _ = withStore { store -> Bool in
-            readers.close()  // before the writer, whose close then checkpoints and removes the WAL
-            store.close()
+            closeVault(store)
             exit(0)
         }
         exit(0)

@@ -15,6 +15,10 @@ struct Denial: Error {
         self.detail = detail
         self.secondsLeft = secondsLeft
     }
+
+    /// An item write (a put, or the update a rotation ends in) when the vault's file system is
+    /// below the free-space reserve kept for the broker's own audit writes.
+    static let belowReserve = Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve")
 }
 
 /// The one place that decides whether a caller may act on an item: allowed executables,

@@ -58,8 +58,7 @@ extension Broker {
     private func refuseAfterRollback(_ why: String, _ store: VaultStore) {
         let message = Self.rollbackMessage(why)
         rollbackRefusal.withLock { $0 = message }
-        readers.close()
-        store.close()
+        closeVault(store)
         log(message)
         syslog.send("rollback-detected \(why)")
     }

@@ -25,10 +25,6 @@ struct Session {
         static let keepAliveMilliseconds = 1_000
     }
 
-    /// Requests that end with their response and nothing after it: the connection may carry
-    /// another request. (An audit stream, an export check and a rotation end their connection.)
-    static let keptAfter: Set<Operation> = [.get, .put, .delete, .list, .state, .lock, .status, .biometry, .search]
-
     /// Serves one accepted connection: reads each request within its deadline, identifies the
     /// process that sent it (not only the one that connected, and anew for every request: a
     /// kept connection may have changed hands or executables since), and answers.
@@ -58,8 +54,8 @@ struct Session {
         }
     }
 
-    /// Answers one request; true when the connection may carry another (`keptAfter`, and the
-    /// response was delivered). `kept`: not the connection's first request.
+    /// Answers one request; true when the connection may carry another (`keepsConnection`, and
+    /// the response was delivered). `kept`: not the connection's first request.
     func run(_ payload: SecureBytes, senderUIDs: [UInt32], kept: Bool = false) -> Bool {
         let message: ClientMessage
         do throws(FrameError) {
@@ -109,7 +105,7 @@ struct Session {
         response.secret?.wipe()
         request.secret?.wipe()
         request.appPassword?.wipe()
-        return delivered && !foreign && response.outcome != .busy && Self.keptAfter.contains(request.operation)
+        return delivered && !foreign && response.outcome != .busy && request.operation.keepsConnection
     }
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an
@@ -138,8 +134,7 @@ struct Session {
         // Item writes stop short of the free-space reserve; audit entries may still use it.
         if request.operation == .put {
             if broker.reserve.isLow {
-                return deny(request, request.update ? .update : .put, item: nil,
-                            Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+                return deny(request, request.update ? .update : .put, item: nil, .belowReserve)
             }
             // What an item write can add (sealed secret and texts) counts against the uid's budget too.
             let texts = [request.label, request.item?.service, request.item?.account].reduce(0) { $0 + ($1?.utf8.count ?? 0) }

@@ -22,7 +22,7 @@ extension Session {
         // put does — here, before COMMAND gets the secret: refused at the end, the provider
         // would already have replaced the token and the new one would be lost.
         if broker.reserve.isLow {
-            return deny(request, .update, item: nil, Denial(.otherError, "refused: the vault's file system is below the broker's free-space reserve"))
+            return deny(request, .update, item: nil, .belowReserve)
         }
         let seconds = Int64(request.timeoutSeconds ?? Limits.defaultRotationSeconds) * 1000
         // The gate's whole decision, application password included (checked and counted
@@ -56,26 +56,29 @@ extension Session {
         guard current.id == item.id, current.access == item.access, current.biometryState == item.biometryState else {
             return deny(request, .get, item: current, Denial(.conflict, "the item's policy changed; ask again"))
         }
+        // What was released is the row read again at release (same access, generation ≥):
+        // its generation is the one the secret belongs to.
         let secret: SecureBytes
+        let released: StoredItem
         switch release(current, request, method: method, appPassword: appPassword) {
         case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
-        case .success(let opened): secret = opened.secret
+        case .success(let opened): (secret, released) = (opened.secret, opened.current)
         }
-        if current.generation != item.generation {
+        if released.generation != item.generation {
             var r = Response(.ok)
             r.secret = secret
-            r.generation = current.generation
-            r.expires = current.expires
+            r.generation = released.generation
+            r.expires = released.expires
             r.state = Self.rotatedElsewhere
             return r
         }
-        let offered = send(.rotationCurrent(secret, generation: current.generation))
+        let offered = send(.rotationCurrent(secret, generation: released.generation))
         secret.wipe()
         guard offered, let (newSecret, expires) = awaitRotated(deadline: deadline) else {
-            return deny(request, .update, item: current, Denial(.userCanceled, "the rotation ended without a new secret; nothing changed"))
+            return deny(request, .update, item: released, Denial(.userCanceled, "the rotation ended without a new secret; nothing changed"))
         }
         defer { newSecret.wipe() }
-        return commit(current, newSecret, expires: expires, request, method: method, appPassword: appPassword)
+        return commit(released, newSecret, expires: expires, request, method: method, appPassword: appPassword)
     }
 
     /// The client's new secret, or nil: a cancel, anything else, a closed socket, the deadline,

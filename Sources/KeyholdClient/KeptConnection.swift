@@ -19,7 +19,7 @@ import CKeyholdOS
 final class KeptConnection: Sendable {
     static let reuseMilliseconds: UInt64 = 500
 
-    /// The process a connection was kept by: who it was, and which socket the descriptor was.
+    /// The process a connection was kept by, and the ids it ran with.
     struct Owner: Equatable {
         let pid: Int32, uid: UInt32, euid: UInt32, gid: UInt32, egid: UInt32
 

@@ -295,13 +295,11 @@ public struct Vault: Sendable {
                 conn = try BrokerConnection(socketPath: socketPath)
             }
         }
-        // The broker keeps the connection after these (Session.keptAfter); anything else ends it.
-        if response.outcome != .busy, Self.keptAfter.contains(request.operation) { kept.keep(conn) } else { conn.close() }
+        // The broker keeps the connection after these; anything else ends it.
+        if response.outcome != .busy, request.operation.keepsConnection { kept.keep(conn) } else { conn.close() }
         if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
         throw KeyholdError(response)
     }
-
-    static let keptAfter: Set<Operation> = [.get, .put, .delete, .list, .state, .lock, .status, .biometry, .search]
 
     func checkItemNames(_ request: Request) throws(KeyholdError) {
         if let item = request.item {
