@@ -77,6 +77,7 @@ private struct AuditSliceScanner {
     private let key: UnsafeRawBufferPointer
 
     init?(path: String, key: UnsafeRawBufferPointer) {
+        sqliteLibraryConfigured
         var handle: OpaquePointer?
         guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, nil) == SQLITE_OK,
               let handle else {

@@ -30,6 +30,10 @@ public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible
 /// SQLITE_TRANSIENT: SQLite copies bound bytes, so callers' buffers may go away at once.
 private let transient = csqlite_transient()
 
+/// Process-wide SQLite settings, applied once before the first connection (a Swift global is
+/// initialised once, thread-safely, on first use).
+let sqliteLibraryConfigured: Void = { _ = csqlite_memstatus_off() }()
+
 /// A small SQLite connection wrapper. Not thread-safe by design (opened NOMUTEX): the
 /// broker serialises every store call behind one lock.
 public final class Database {
@@ -39,6 +43,7 @@ public final class Database {
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
     /// umask). Symlinks are refused.
     public init(path: String, create: Bool = false, readOnly: Bool = false) throws(DatabaseError) {
+        sqliteLibraryConfigured
         var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW
         flags |= readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
         if create { flags |= SQLITE_OPEN_CREATE }
@@ -76,6 +81,12 @@ public final class Database {
         let h = try db
         let rc = sqlite3_exec(h, sql, nil, nil, nil)
         guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
+    }
+
+    /// One transaction-control statement (BEGIN, COMMIT, SAVEPOINT …), prepared once and kept:
+    /// `sqlite3_exec` would parse it again on every call.
+    private func control(_ sql: String) throws(DatabaseError) {
+        try withStatement(sql) { (s) throws(DatabaseError) in _ = try s.step() }
     }
 
     /// A pragma's single value as text (`journal_mode` answers "wal").
@@ -117,19 +128,19 @@ public final class Database {
     public func transaction<R, E: Error>(mapError: (DatabaseError) -> E, commitError: ((DatabaseError) -> E)? = nil,
                                          _ body: () throws(E) -> R) throws(E) -> R {
         if isInTransaction { return try savepoint(mapError: mapError, body) }
-        do { try execute("BEGIN IMMEDIATE") } catch { throw mapError(error) }
+        do { try control("BEGIN IMMEDIATE") } catch { throw mapError(error) }
         let result: R
         do {
             result = try body()
         } catch {
-            try? execute("ROLLBACK")
+            try? control("ROLLBACK")
             throw error
         }
         do {
-            try execute("COMMIT")
+            try control("COMMIT")
         } catch {
             // A failed COMMIT may leave the transaction open (SQLITE_BUSY) or already rolled back.
-            if isInTransaction { try? execute("ROLLBACK") }
+            if isInTransaction { try? control("ROLLBACK") }
             if let commitError { throw commitError(error) }
             throw mapError(error)
         }
@@ -139,8 +150,8 @@ public final class Database {
     /// One read transaction around `body`: its statements read one snapshot, and the snapshot
     /// is let go before this returns (a reader held open would hold up checkpoints).
     public func readTransaction<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
-        do { try execute("BEGIN") } catch { throw mapError(error) }
-        defer { if isInTransaction { try? execute("ROLLBACK") } }
+        do { try control("BEGIN") } catch { throw mapError(error) }
+        defer { if isInTransaction { try? control("ROLLBACK") } }
         return try body()
     }
 
@@ -156,16 +167,16 @@ public final class Database {
     public var isInTransaction: Bool { handle.map { sqlite3_get_autocommit($0) == 0 } ?? false }
 
     private func savepoint<R, E: Error>(mapError: (DatabaseError) -> E, _ body: () throws(E) -> R) throws(E) -> R {
-        do { try execute("SAVEPOINT nested") } catch { throw mapError(error) }
+        do { try control("SAVEPOINT nested") } catch { throw mapError(error) }
         let result: R
         do {
             result = try body()
         } catch {
-            try? execute("ROLLBACK TO nested")
-            try? execute("RELEASE nested")
+            try? control("ROLLBACK TO nested")
+            try? control("RELEASE nested")
             throw error
         }
-        do { try execute("RELEASE nested") } catch { throw mapError(error) }
+        do { try control("RELEASE nested") } catch { throw mapError(error) }
         return result
     }
 
@@ -173,13 +184,13 @@ public final class Database {
     /// `body` runs its parts as nested transactions. Returns whether the COMMIT succeeded;
     /// when it did not, everything was rolled back.
     public func groupTransaction(_ body: () -> Void) -> Bool {
-        do { try execute("BEGIN IMMEDIATE") } catch { return false }
+        do { try control("BEGIN IMMEDIATE") } catch { return false }
         body()
         do {
-            try execute("COMMIT")
+            try control("COMMIT")
             return true
         } catch {
-            if isInTransaction { try? execute("ROLLBACK") }
+            if isInTransaction { try? control("ROLLBACK") }
             return false
         }
     }
