@@ -68,6 +68,9 @@ enum Listener {
                 continue
             }
             guard slots.acquire(uid: uid) else {
+                // At its cap: one of its kept connections waiting for a next request makes room,
+                // for this client's retry of the busy answer.
+                slots.makeRoom(uid: uid)
                 broker.budget.suppress(uid: uid)
                 answerBusy(fd)
                 continue
@@ -86,7 +89,7 @@ enum Listener {
                     close(fd)
                     slots.release(uid: owner)
                 }
-                Session.serve(fd: fd, peer: peer, broker: broker)
+                Session.serve(fd: fd, peer: peer, broker: broker, slots: slots)
             }
             if !started {
                 peer.close()

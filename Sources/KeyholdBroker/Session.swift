@@ -28,16 +28,36 @@ struct Session {
     /// Serves one accepted connection: reads each request within its deadline, identifies the
     /// process that sent it (not only the one that connected, and anew for every request: a
     /// kept connection may have changed hands or executables since), and answers.
-    static func serve(fd: Int32, peer: Peer, broker: Broker) {
+    /// `slots`: where a kept connection waits for its next request, so that its uid, at its
+    /// cap, can have it ended (ConnectionSlots.makeRoom).
+    static func serve(fd: Int32, peer: Peer, broker: Broker, slots: ConnectionSlots? = nil) {
         var reader = TimedFrameReader(fd: fd)
         var first = true
         while true {
             let payload: SecureBytes
+            if !first { slots?.waitsForNextRequest(fd: fd, uid: peer.uid) }
+            let read: Result<SecureBytes?, FrameError>
             do throws(FrameError) {
                 let idle = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds
                 let whole = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds + Deadlines.requestMilliseconds
+                read = .success(try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first))
+            } catch {
+                read = .failure(error)
+            }
+            if !first, slots?.stopsWaiting(fd: fd) == true {
+                // Ended to make room: a request sent before that is answered *busy*, not
+                // decided (its client asks again on a new connection); then the connection ends.
+                if case .success(let p?) = read {
+                    p.wipe()
+                    let busy = BrokerMessage.response(Response(.busy, detail: "connection ended to make room; try again")).encode()
+                    try? Frame.write(busy, to: fd)
+                    busy.wipe()
+                }
+                return
+            }
+            do throws(FrameError) {
                 // nil: the client left (or, after its first request, did not ask again in time).
-                guard let p = try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first) else { return }
+                guard let p = try read.get() else { return }
                 payload = p
             } catch {
                 // Whoever sent the bytes that were read, if any did; else the peer.

@@ -1,3 +1,4 @@
+import Glibc
 import Testing
 import KeyholdCore
 @testable import KeyholdBroker
@@ -29,6 +30,35 @@ struct ConnectionSlotsAndBudgetTests {
         #expect(!slots.acquire(uid: 1000))
         slots.release(uid: 1000)
         #expect(slots.acquire(uid: 1000))
+    }
+
+    @Test func makingRoomEndsTheLongestWaitingKeptConnectionOfThatUidOnly() {
+        // Three kept connections (socket pairs: [broker side, client side]), two of uid 1000.
+        var pairs: [[Int32]] = []
+        for _ in 0..<3 {
+            var sv: [Int32] = [-1, -1]
+            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &sv) == 0)
+            pairs.append(sv)
+        }
+        defer { for p in pairs { close(p[0]); close(p[1]) } }
+        let slots = ConnectionSlots()
+        slots.waitsForNextRequest(fd: pairs[0][0], uid: 1000)
+        usleep(2_000)
+        slots.waitsForNextRequest(fd: pairs[1][0], uid: 1000)
+        slots.waitsForNextRequest(fd: pairs[2][0], uid: 2000)
+        #expect(!slots.makeRoom(uid: 3000), "a uid with no kept connection waiting")
+        #expect(slots.makeRoom(uid: 1000))
+        // The oldest was ended: its client can no longer send, its broker side reads the end.
+        var byte: UInt8 = 1
+        #expect(send(pairs[0][1], &byte, 1, Int32(MSG_NOSIGNAL)) == -1 && errno == EPIPE)
+        #expect(recv(pairs[0][0], &byte, 1, Int32(MSG_DONTWAIT)) == 0)
+        #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1, "the newer one is left alone")
+        #expect(slots.stopsWaiting(fd: pairs[0][0]))
+        #expect(!slots.stopsWaiting(fd: pairs[1][0]))
+        // Once a connection stops waiting (a request came), it is not ended for anyone.
+        #expect(!slots.makeRoom(uid: 1000))
+        #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1)
+        #expect(slots.stopsWaiting(fd: pairs[2][0]) == false)
     }
 
     @Test func overBudgetRequestsAreCountedIntoOneBurst() {

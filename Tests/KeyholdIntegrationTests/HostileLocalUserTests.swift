@@ -112,6 +112,26 @@ import KeyholdTestSupport
         #expect(b.cli(["get", "svc", "mine"], asUser: attacker.name).stdoutText == "s")
     }
 
+    @Test func keptConnectionsAtTheCapMakeRoomForANewcomerOfTheirUser() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "mine"], stdin: Array("s".utf8), asUser: user.name).status == 0)
+        let ready = readyPath(b)
+        // 32 kept connections (the per-uid cap), each asking again well within the keep-alive,
+        // so none is ever let go as idle: before, a 33rd client of that user got busy for good.
+        let done = hostileInBackground(b, ["keptmany", "32", "4", "svc", "mine"], as: user, environment: ["READY_FILE": ready])
+        #expect(waitForFile(ready))
+        let r = b.cli(["get", "svc", "mine"], asUser: user.name)
+        #expect(r.status == 0 && r.stdoutText == "s", "\(r.status) \(r.stderr)")
+        let result = done()
+        // The room was made by ending kept connections between requests; every request they
+        // did send was answered (ok, or busy when it raced the end): none failed otherwise.
+        #expect((result["ended"] as? Int ?? 0) + (result["busy"] as? Int ?? 0) >= 1, "\(result)")
+        #expect(result["other"] as? Int == 0 && (result["ok"] as? Int ?? 0) >= 32, "\(result)")
+        // Ending them wrote no audit entry of a malformed or refused request.
+        #expect(!auditEntries(b).contains { $0["operation"] as? String == "invalid" }, "an ended connection was audited as invalid")
+    }
+
     @Test func honestBurstOf600ConnectionsSeesNoReset() throws {
         let user = try TestUser(prefix: "khb")
         let b = try BrokerFixture()
