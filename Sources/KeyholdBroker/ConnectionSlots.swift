@@ -23,15 +23,10 @@ final class ConnectionSlots: Sendable {
     private struct State {
         var perUID: [UInt32: Int] = [:]
         var shared = 0
-        /// Kept connections waiting for their next request, by socket: registered and removed
-        /// by their session under this lock, before it closes the socket, so a descriptor found
-        /// here is still that connection's.
-        var waiting: [Int32: Waiting] = [:]
-    }
-    private struct Waiting {
-        let uid: UInt32
-        let since: UInt64
-        var ended = false
+        /// Kept connections, by socket: added and removed by their session under this lock,
+        /// removed before it closes the socket, so a descriptor found here is still that
+        /// connection's.
+        var kept: [Int32: KeptWait] = [:]
     }
     private let state = Mutex(State())
 
@@ -52,29 +47,33 @@ final class ConnectionSlots: Sendable {
         }
     }
 
-    /// A session's kept connection `fd` of `uid` now waits for its next request.
-    func waitsForNextRequest(fd: Int32, uid: UInt32) {
-        state.withLock { $0.waiting[fd] = Waiting(uid: uid, since: MonotonicClock.nanoseconds()) }
+    /// Registers a session's connection `fd` of `uid` once it is kept (after its first
+    /// request). Each wait for a next request is then marked on the returned `KeptWait`, without
+    /// this lock; `forget` it before closing `fd`.
+    func keep(fd: Int32, uid: UInt32) -> KeptWait {
+        let k = KeptWait(fd: fd, uid: uid)
+        state.withLock { $0.kept[fd] = k }
+        return k
     }
 
-    /// The wait is over (a request, its end, or an error); true when `makeRoom` ended it.
-    func stopsWaiting(fd: Int32) -> Bool {
-        state.withLock { $0.waiting.removeValue(forKey: fd)?.ended ?? false }
+    func forget(_ k: KeptWait) {
+        state.withLock { s in if s.kept[k.fd] === k { s.kept[k.fd] = nil } }
     }
 
     /// For a newcomer of `uid` refused at its cap: ends `uid`'s kept connection that has waited
-    /// longest. Its reading side is shut: the broker reads only what was already sent (a
-    /// request that raced this is answered *busy*, unread by the gate), and the client's next
-    /// send fails, so it reconnects. False when `uid` has no kept connection waiting.
+    /// longest for its next request. Its reading side is shut: the broker reads only what was
+    /// already sent (a request that raced this is answered *busy*, not decided), and the
+    /// client's next send fails, so it reconnects. False when none of `uid`'s is waiting.
     @discardableResult
     func makeRoom(uid: UInt32) -> Bool {
         state.withLock { s in
-            guard let oldest = s.waiting.filter({ $0.value.uid == uid && !$0.value.ended })
-                .min(by: { $0.value.since < $1.value.since })?.key else { return false }
-            s.waiting[oldest]?.ended = true
-            // Under the lock: the session removes its entry here before it closes `oldest`.
-            shutdown(oldest, Int32(SHUT_RD))
-            return true
+            let waiting = s.kept.values.filter { $0.uid == uid }.compactMap { k in k.waitingSince.map { (k, $0) } }
+            for (k, since) in waiting.sorted(by: { $0.1 < $1.1 }) where k.end(ifWaitingSince: since) {
+                // Under the lock: the session forgets `k` here before it closes `k.fd`.
+                shutdown(k.fd, Int32(SHUT_RD))
+                return true
+            }
+            return false
         }
     }
 
@@ -84,5 +83,44 @@ final class ConnectionSlots: Sendable {
             s.perUID[uid] = mine > 0 ? mine : nil
             if uid != 0 { s.shared -= 1 }
         }
+    }
+}
+
+/// One kept connection's wait for its next request, marked by its session on every request
+/// without a shared lock: an atomic word that is 0 while a request is served, the time the
+/// wait began while it waits, and `ended` once `makeRoom` took it.
+final class KeptWait: Sendable {
+    let fd: Int32
+    let uid: UInt32
+    private let word = Atomic<UInt64>(0)
+    private static let ended = UInt64.max
+
+    init(fd: Int32, uid: UInt32) {
+        self.fd = fd
+        self.uid = uid
+    }
+
+    /// Marks the start of a wait; pass its value to `stopWaiting`.
+    func startWaiting() -> UInt64 {
+        let since = min(max(MonotonicClock.nanoseconds(), 1), Self.ended - 1)
+        word.store(since, ordering: .sequentiallyConsistent)
+        return since
+    }
+
+    /// The wait is over (a request, the end of the stream, or an error); true when it was
+    /// ended to make room meanwhile.
+    func stopWaiting(_ since: UInt64) -> Bool {
+        !word.compareExchange(expected: since, desired: 0, ordering: .sequentiallyConsistent).exchanged
+    }
+
+    var waitingSince: UInt64? {
+        let w = word.load(ordering: .sequentiallyConsistent)
+        return w == 0 || w == Self.ended ? nil : w
+    }
+
+    /// Ends the wait that began at `since`, unless it is over already (one of this and
+    /// `stopWaiting` wins).
+    func end(ifWaitingSince since: UInt64) -> Bool {
+        word.compareExchange(expected: since, desired: Self.ended, ordering: .sequentiallyConsistent).exchanged
     }
 }

@@ -33,9 +33,12 @@ struct Session {
     static func serve(fd: Int32, peer: Peer, broker: Broker, slots: ConnectionSlots? = nil) {
         var reader = TimedFrameReader(fd: fd)
         var first = true
+        var kept: KeptWait?
+        defer { if let kept { slots?.forget(kept) } }
         while true {
             let payload: SecureBytes
-            if !first { slots?.waitsForNextRequest(fd: fd, uid: peer.uid) }
+            if !first, kept == nil { kept = slots?.keep(fd: fd, uid: peer.uid) }
+            let waitingSince = kept?.startWaiting()
             let read: Result<SecureBytes?, FrameError>
             do throws(FrameError) {
                 let idle = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds
@@ -44,7 +47,7 @@ struct Session {
             } catch {
                 read = .failure(error)
             }
-            if !first, slots?.stopsWaiting(fd: fd) == true {
+            if let kept, let waitingSince, kept.stopWaiting(waitingSince) {
                 // Ended to make room: a request sent before that is answered *busy*, not
                 // decided (its client asks again on a new connection); then the connection ends.
                 if case .success(let p?) = read {

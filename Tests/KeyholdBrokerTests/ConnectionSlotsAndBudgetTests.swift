@@ -42,10 +42,12 @@ struct ConnectionSlotsAndBudgetTests {
         }
         defer { for p in pairs { close(p[0]); close(p[1]) } }
         let slots = ConnectionSlots()
-        slots.waitsForNextRequest(fd: pairs[0][0], uid: 1000)
+        let older = slots.keep(fd: pairs[0][0], uid: 1000), newer = slots.keep(fd: pairs[1][0], uid: 1000)
+        let otherUID = slots.keep(fd: pairs[2][0], uid: 2000)
+        let olderSince = older.startWaiting()
         usleep(2_000)
-        slots.waitsForNextRequest(fd: pairs[1][0], uid: 1000)
-        slots.waitsForNextRequest(fd: pairs[2][0], uid: 2000)
+        let newerSince = newer.startWaiting()
+        _ = otherUID.startWaiting()
         #expect(!slots.makeRoom(uid: 3000), "a uid with no kept connection waiting")
         #expect(slots.makeRoom(uid: 1000))
         // The oldest was ended: its client can no longer send, its broker side reads the end.
@@ -53,12 +55,15 @@ struct ConnectionSlotsAndBudgetTests {
         #expect(send(pairs[0][1], &byte, 1, Int32(MSG_NOSIGNAL)) == -1 && errno == EPIPE)
         #expect(recv(pairs[0][0], &byte, 1, Int32(MSG_DONTWAIT)) == 0)
         #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1, "the newer one is left alone")
-        #expect(slots.stopsWaiting(fd: pairs[0][0]))
-        #expect(!slots.stopsWaiting(fd: pairs[1][0]))
-        // Once a connection stops waiting (a request came), it is not ended for anyone.
+        #expect(older.stopWaiting(olderSince))
+        #expect(!newer.stopWaiting(newerSince))
+        // Once a connection stops waiting (a request came), it is not ended for anyone; nor
+        // is one that was forgotten (its session is closing it).
         #expect(!slots.makeRoom(uid: 1000))
         #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1)
-        #expect(slots.stopsWaiting(fd: pairs[2][0]) == false)
+        slots.forget(otherUID)
+        #expect(!slots.makeRoom(uid: 2000))
+        #expect(send(pairs[2][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1)
     }
 
     @Test func overBudgetRequestsAreCountedIntoOneBurst() {
