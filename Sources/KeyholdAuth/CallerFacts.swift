@@ -168,8 +168,11 @@ struct ProcStat: Equatable {
     var ttyNr: Int32
     var startTime: UInt64
 
+    /// The main thread's stat, which carries the same process-wide fields (ppid, session,
+    /// tty, the process's start time) as /proc/PID/stat; that file also sums CPU time and faults
+    /// over every thread, work that grows with the caller's thread count on each request.
     static func read(pid: Int32) -> ProcStat? {
-        guard let bytes = ProcFile.read("/proc/\(pid)/stat", limit: 4096) else { return nil }
+        guard let bytes = ProcFile.read("/proc/\(pid)/task/\(pid)/stat", limit: 4096) else { return nil }
         return parse(bytes, pid: pid)
     }
 
