@@ -128,8 +128,11 @@ import KeyholdTestSupport
         // did send was answered (ok, or busy when it raced the end): none failed otherwise.
         #expect((result["ended"] as? Int ?? 0) + (result["busy"] as? Int ?? 0) >= 1, "\(result)")
         #expect(result["other"] as? Int == 0 && (result["ok"] as? Int ?? 0) >= 32, "\(result)")
-        // Ending them wrote no audit entry of a malformed or refused request.
-        #expect(!auditEntries(b).contains { $0["operation"] as? String == "invalid" }, "an ended connection was audited as invalid")
+        // Ending them wrote no entry: one `get` entry for each answered get (theirs and the
+        // CLI's), none for a request answered *busy* for racing the end, none `invalid`.
+        let entries = auditEntries(b).filter { ($0["uid"] as? Int) == Int(user.uid) }
+        #expect(entries.filter { $0["operation"] as? String == "get" }.count == (result["ok"] as? Int ?? 0) + 1, "\(result)")
+        #expect(!entries.contains { $0["operation"] as? String == "invalid" }, "an ended connection was audited as invalid")
     }
 
     @Test func honestBurstOf600ConnectionsSeesNoReset() throws {
