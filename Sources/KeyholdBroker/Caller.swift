@@ -160,7 +160,9 @@ final class CallerOnDemand: Sendable {
 /// the Secret Service agent still has a window and no other process shares it.
 enum ReuseScope: Hashable, Sendable {
     case session(Int32)
-    case process(pid: Int32, startTime: UInt64)
+    /// With the executable read on arrival: a process that execs another program keeps its pid
+    /// and start time, and must not pass its window on to that program.
+    case process(pid: Int32, startTime: UInt64, executable: String)
 }
 
 extension Caller {
@@ -170,7 +172,8 @@ extension Caller {
     var reuseScope: ReuseScope? {
         if sessionID > 0 { return .session(sessionID) }
         guard sessionID == 0, pid > 0, startTime > 0, identityProblem == nil, peer?.pid == pid else { return nil }
-        return .process(pid: pid, startTime: startTime)
+        guard executable != "?" else { return nil }
+        return .process(pid: pid, startTime: startTime, executable: executable)
     }
 }
 

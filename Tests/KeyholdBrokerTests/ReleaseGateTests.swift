@@ -212,6 +212,14 @@ import KeyholdTestSupport
         // Another process in the same invisible session, or the same pid reused later: no window.
         #expect(gate.preview(item, caller: inSessionZero(pid: 501, startTime: 9000)) == .requiresAuthentication)
         #expect(gate.preview(item, caller: inSessionZero(pid: 500, startTime: 9700)) == .requiresAuthentication)
+        // Nor the program that process execs into: same pid and start time, another executable.
+        var execed = inSessionZero(pid: 500, startTime: 9000)
+        execed = Caller(uid: execed.uid, pid: 500, executable: "/usr/bin/another-program", sessionID: 0,
+                        userName: "gate-test-user", tty: nil, remoteHost: nil)
+        execed.startTime = 9000
+        execed.peer = Peer(fd: -1, pid: 500, uid: Self.uid)
+        #expect(gate.preview(item, caller: execed) == .requiresAuthentication)
+        #expect(gate.preview(item, caller: inSessionZero(pid: 500, startTime: 9000)) == .available, "the same program keeps it")
         // Nor does a caller in a real session with that number, or one whose session is unknown.
         #expect(gate.preview(item, caller: Self.caller(session: 500)) == .requiresAuthentication)
         // A request not tied to that process (sent on a connection another process made, or
