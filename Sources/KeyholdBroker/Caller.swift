@@ -78,6 +78,19 @@ struct Caller: Sendable {
         return caller
     }
 
+    /// The same process under the uid that sent its request (SCM_CREDENTIALS): the entry of a
+    /// request refused because another user than the one that connected sent it names that
+    /// user, as it already names that process and executable.
+    func sentBy(uid sender: UInt32) -> Caller {
+        var c = Caller(uid: sender, pid: pid, executable: executable, sessionID: sessionID, tty: tty,
+                       onDemand: CallerOnDemand(uid: sender, facts: nil))
+        c.startTime = startTime
+        c.socket = socket
+        c.peer = peer
+        c.identityProblem = identityProblem
+        return c
+    }
+
     /// The peer alone, for a connection whose request could not be read.
     static func identify(socket fd: Int32, peer: Peer) -> Caller {
         let facts = CallerFacts.readLocal(pid: peer.pid)

@@ -117,10 +117,12 @@ struct Session {
             return false
         }
         let response: Response
-        let foreign = senderUIDs.contains(where: { $0 != caller.uid })
-        if foreign {
-            // A connection handed to another user's process: neither may act through it.
-            response = deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
+        let foreign = senderUIDs.first(where: { $0 != caller.uid })
+        if let foreign {
+            // A connection handed to another user's process: neither may act through it. The
+            // entry (and the audit budget) is the sender's.
+            response = Session(fd: fd, caller: caller.sentBy(uid: foreign), broker: broker)
+                .deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
         } else {
             response = broker.rollbackAnswer(replacing: handle(request))!
         }
@@ -128,7 +130,7 @@ struct Session {
         response.secret?.wipe()
         request.secret?.wipe()
         request.appPassword?.wipe()
-        return delivered && !foreign && response.outcome != .busy && request.operation.keepsConnection
+        return delivered && foreign == nil && response.outcome != .busy && request.operation.keepsConnection
     }
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an

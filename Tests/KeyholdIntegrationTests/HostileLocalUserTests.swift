@@ -247,6 +247,8 @@ import KeyholdTestSupport
         #expect(json["outcome"] as? String == "not-authorized" && json["released"] as? Bool == false, "\(r.stdoutText) \(r.stderr)")
         let e = auditEntries(b).first { ($0["reason"] as? String) == "crossuser" }
         #expect(e?["outcome"] as? String == "not-authorized" && e?["pid"] as? Int == json["sender"] as? Int, "\(String(describing: e))")
+        // The entry names the user whose process sent the request, not root, whose connection it was.
+        #expect(e?["uid"] as? Int == Int(user.uid), "\(String(describing: e))")
     }
 }
 
