@@ -176,18 +176,57 @@ struct ProcStat: Equatable {
         return parse(bytes, pid: pid)
     }
 
+    /// Fields after the last `)` (the command name before it is the process's own choice),
+    /// by position: field 3 (state) … field 22 (starttime). Read in place, without splitting
+    /// into strings, since it runs for every request; numbers are plain decimal as the kernel
+    /// writes them (an optional `-`, then digits), anything else refuses the whole line.
     static func parse(_ bytes: [UInt8], pid: Int32) -> ProcStat? {
         guard let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
-        let rest = bytes[(close + 1)...].split(separator: UInt8(ascii: " "))
-        // rest[0] = field 3 (state) … rest[19] = field 22 (starttime)
-        guard rest.count >= 20, rest[0].count == 1,
-              let ppid = Int32(String(decoding: rest[1], as: UTF8.self)),
-              let pgrp = Int32(String(decoding: rest[2], as: UTF8.self)),
-              let session = Int32(String(decoding: rest[3], as: UTF8.self)),
-              let tty = Int32(String(decoding: rest[4], as: UTF8.self)),
-              let start = UInt64(String(decoding: rest[19].prefix(while: { $0 != 0x0A }), as: UTF8.self))
+        var state: UInt8?
+        var numbers: (ppid: Int64?, pgrp: Int64?, session: Int64?, tty: Int64?) = (nil, nil, nil, nil)
+        var startTime: UInt64?
+        var field = 0
+        var i = close + 1
+        while i < bytes.count, field <= 19 {
+            guard bytes[i] != UInt8(ascii: " ") else { i += 1; continue }
+            var end = i
+            while end < bytes.count, bytes[end] != UInt8(ascii: " ") { end += 1 }
+            let token = bytes[i..<end]
+            switch field {
+            case 0:
+                guard token.count == 1 else { return nil }
+                state = token.first
+            case 1: numbers.ppid = decimal(token)
+            case 2: numbers.pgrp = decimal(token)
+            case 3: numbers.session = decimal(token)
+            case 4: numbers.tty = decimal(token)
+            case 19:
+                guard let t = decimal(token.prefix(while: { $0 != 0x0A })), t >= 0 else { return nil }
+                startTime = UInt64(t)
+            default: break
+            }
+            field += 1
+            i = end
+        }
+        guard let state, let startTime,
+              let ppid = numbers.ppid.flatMap(Int32.init(exactly:)), let pgrp = numbers.pgrp.flatMap(Int32.init(exactly:)),
+              let session = numbers.session.flatMap(Int32.init(exactly:)), let tty = numbers.tty.flatMap(Int32.init(exactly:))
         else { return nil }
-        return ProcStat(pid: pid, state: rest[0].first!, ppid: ppid, pgrp: pgrp, session: session, ttyNr: tty, startTime: start)
+        return ProcStat(pid: pid, state: state, ppid: ppid, pgrp: pgrp, session: session, ttyNr: tty, startTime: startTime)
+    }
+
+    /// `-`? digits, at most 18 of them (within Int64); nil for anything else.
+    static func decimal(_ token: ArraySlice<UInt8>) -> Int64? {
+        var digits = token[...]
+        let negative = digits.first == UInt8(ascii: "-")
+        if negative { digits = digits.dropFirst() }
+        guard !digits.isEmpty, digits.count <= 18 else { return nil }
+        var value: Int64 = 0
+        for d in digits {
+            guard d >= UInt8(ascii: "0"), d <= UInt8(ascii: "9") else { return nil }
+            value = value * 10 + Int64(d - UInt8(ascii: "0"))
+        }
+        return negative ? -value : value
     }
 }
 

@@ -123,6 +123,40 @@ import Testing
         }
     }
 
+    /// The in-place parser against a plain split of the same line, for the stat line of every
+    /// thread on this machine, and at the edges of its number rules.
+    @Test func statParserAgreesWithASplitOfEveryLiveStatLine() throws {
+        func reference(_ bytes: [UInt8], pid: Int32) -> ProcStat? {
+            guard let close = bytes.lastIndex(of: UInt8(ascii: ")")) else { return nil }
+            let rest = bytes[(close + 1)...].split(separator: UInt8(ascii: " ")).map { String(decoding: $0, as: UTF8.self) }
+            guard rest.count >= 20, rest[0].utf8.count == 1, let ppid = Int32(rest[1]), let pgrp = Int32(rest[2]),
+                  let session = Int32(rest[3]), let tty = Int32(rest[4]),
+                  let start = UInt64(rest[19].prefix(while: { $0 != "\n" })) else { return nil }
+            return ProcStat(pid: pid, state: rest[0].utf8.first!, ppid: ppid, pgrp: pgrp, session: session, ttyNr: tty, startTime: start)
+        }
+        var lines = 0
+        for pid in ProcFile.pids() {
+            guard let dir = opendir("/proc/\(pid)/task") else { continue }
+            defer { closedir(dir) }
+            while let e = readdir(dir) {
+                let name = withUnsafeBytes(of: e.pointee.d_name) { String(decoding: $0.prefix(while: { $0 != 0 }), as: UTF8.self) }
+                guard let tid = Int32(name), let bytes = ProcFile.read("/proc/\(pid)/task/\(tid)/stat", limit: 4096) else { continue }
+                let parsed = ProcStat.parse(bytes, pid: tid)
+                #expect(parsed != nil && parsed == reference(bytes, pid: tid), "\(String(decoding: bytes, as: UTF8.self))")
+                lines += 1
+            }
+        }
+        #expect(lines > 10)
+        let tail = " 0 0 0 0 0 0 0 0 0 0 0 0 123456 0 0\n"
+        let edges = ["1 (a) S 1 2 3 -1" + tail, "1 (a) S 2147483647 2 3 0" + tail, "1 (a) S 2147483648 2 3 0" + tail,
+                     "1 (a) S -2147483648 2 3 0" + tail, "1 (a) S 1 2 3 --1" + tail, "1 (a) S 1 2 3 -" + tail,
+                     "1 (a) S 1  2   3 0" + tail, "1 (a) S 1 2 3 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 7\n",
+                     "1 (a) S 1 2 3 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0", "1 (a) S 1 2 3 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 1x 5"]
+        for line in edges {
+            #expect(ProcStat.parse(Array(line.utf8), pid: 1) == reference(Array(line.utf8), pid: 1), "\(line)")
+        }
+    }
+
     @Test func terminalNumbersDecode() {
         #expect(CallerFacts.ttyPath(0) == nil)
         #expect(CallerFacts.ttyPath(136 << 8) == "/dev/pts/0")
