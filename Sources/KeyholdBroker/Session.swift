@@ -36,7 +36,6 @@ struct Session {
         var kept: KeptWait?
         defer { if let kept { slots?.forget(kept) } }
         while true {
-            let payload: SecureBytes
             if !first, kept == nil { kept = slots?.keep(fd: fd, uid: peer.uid) }
             let waitingSince = kept?.startWaiting()
             let read: Result<SecureBytes?, FrameError>
@@ -58,11 +57,11 @@ struct Session {
                 }
                 return
             }
-            do throws(FrameError) {
-                // nil: the client left (or, after its first request, did not ask again in time).
-                guard let p = try read.get() else { return }
-                payload = p
-            } catch {
+            let payload: SecureBytes
+            switch read {
+            case .success(nil): return  // the client left (or, after its first request, did not ask again in time)
+            case .success(let p?): payload = p
+            case .failure(let error):
                 // Whoever sent the bytes that were read, if any did; else the peer.
                 var caller = reader.senders.isEmpty ? Caller.identify(socket: fd, peer: peer)
                     : Caller.identify(socket: fd, peer: peer, senders: reader.senders)
