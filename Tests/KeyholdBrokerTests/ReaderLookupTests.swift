@@ -205,16 +205,7 @@ import KeyholdTestSupport
         #expect(removed)
         #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .notFound)
 
-        try h.sql("""
-            ATTACH '\(h.directory)/snapshot.db' AS old;
-            BEGIN IMMEDIATE;
-            DELETE FROM items; INSERT INTO items SELECT * FROM old.items;
-            DELETE FROM item_search; INSERT INTO item_search SELECT * FROM old.item_search;
-            DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;
-            DELETE FROM item_generation_head; INSERT INTO item_generation_head SELECT * FROM old.item_generation_head;
-            DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
-            COMMIT;
-            """)
+        try h.sql(restoreVaultRowsSQL(from: "\(h.directory)/snapshot.db"))
         #expect(Self.found(h.session().releaseLookup(Harness.ref))?.id == item.id)  // the reader reads what the file holds
 
         var request = Request(.get, item: Harness.ref)

@@ -223,18 +223,23 @@ import KeyholdTestSupport
             #expect(r["outcome"] as? String == "not-authorized" && r["released"] as? Bool == false, "\(attack): \(r)")
             senders[attack] = r["sender"] as? Int
         }
-        let entries = auditEntries(b).filter { ($0["operation"] as? String) == "get" }
+        expectAttacksAuditedWithTheirSenders(auditEntries(b).filter { ($0["operation"] as? String) == "get" }, senders)
+        #expect(!auditEntries(b).contains { ($0["reason"] as? String).map(["relay", "passfd", "sendexec"].contains) == true
+            && ($0["outcome"] as? String) == "ok" })
+    }
+
+    /// Each relay, passfd and sendexec attack has a refused `get` entry (found by its reason)
+    /// naming the process that sent it: its pid, and python (the sender), never the allowed
+    /// program the connector became (sendexec's sender execs, so its executable is not checked).
+    func expectAttacksAuditedWithTheirSenders(_ entries: [[String: Any]], _ senders: [String: Int]) {
         for attack in ["relay", "passfd", "sendexec"] {
             let e = entries.first { ($0["reason"] as? String) == attack }
             #expect(e?["outcome"] as? String == "not-authorized", "\(attack): \(String(describing: e))")
             #expect(e?["pid"] as? Int == senders[attack], "\(attack) audited pid \(String(describing: e?["pid"])), sender \(String(describing: senders[attack]))")
             if attack != "sendexec" {
-                // The process that sent it, never the allowed program the connector became.
                 #expect(e?["executable"] as? String == Self.pythonExe, "\(attack): \(String(describing: e))")
             }
         }
-        #expect(!auditEntries(b).contains { ($0["reason"] as? String).map(["relay", "passfd", "sendexec"].contains) == true
-            && ($0["outcome"] as? String) == "ok" })
     }
 
     @Test func requestSentByAnotherUserOnRootsConnectionIsRefused() throws {

@@ -28,14 +28,7 @@ extension HostileLocalUserTests {
         }
         let entries = auditEntries(b).filter { ($0["operation"] as? String) == "get" }
         #expect(entries.filter { ($0["reason"] as? String) == "kept-first" && ($0["outcome"] as? String) == "ok" }.count == 3)
-        for attack in ["relay", "passfd", "sendexec"] {
-            let e = entries.first { ($0["reason"] as? String) == attack }
-            #expect(e?["outcome"] as? String == "not-authorized", "\(attack): \(String(describing: e))")
-            #expect(e?["pid"] as? Int == senders[attack], "\(attack) audited pid \(String(describing: e?["pid"])), sender \(String(describing: senders[attack]))")
-            if attack != "sendexec" {
-                #expect(e?["executable"] as? String == Self.pythonExe, "\(attack): \(String(describing: e))")
-            }
-        }
+        expectAttacksAuditedWithTheirSenders(entries, senders)
     }
 
     @Test func keptConnectionAuditsEachRequestAndIsLetGoWhenIdle() throws {

@@ -116,16 +116,7 @@ import KeyholdTestSupport
         defer { db.close() }
         try db.execute("VACUUM INTO '\(snapshot)'")
         try vault.delete(service: "revoked", account: "token")
-        try db.execute("""
-            ATTACH '\(snapshot)' AS old;
-            BEGIN IMMEDIATE;
-            DELETE FROM items; INSERT INTO items SELECT * FROM old.items;
-            DELETE FROM item_search; INSERT INTO item_search SELECT * FROM old.item_search;
-            DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;
-            DELETE FROM item_generation_head; INSERT INTO item_generation_head SELECT * FROM old.item_generation_head;
-            DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
-            COMMIT;
-            """)
+        try db.execute(restoreVaultRowsSQL(from: snapshot))
         for (service, account) in [("revoked", "token"), ("other", "x"), ("revoked", "token")] {
             do {
                 let s = try Vault(socketPath: b.socketPath).secret(service: service, account: account)

@@ -12,3 +12,19 @@ public func runThreads(_ count: Int, _ body: @escaping @Sendable (Int) -> Void) 
     }
     for _ in 0..<count { done.wait() }
 }
+
+/// SQL that puts back, from the vault copy at `snapshot`, every row a rollback of the state
+/// directory restores consistently (items, search index, generation record and its head, the
+/// audit head), in one transaction: the attacker who saved the directory and writes it back.
+public func restoreVaultRowsSQL(from snapshot: String) -> String {
+    """
+    ATTACH '\(snapshot)' AS old;
+    BEGIN IMMEDIATE;
+    DELETE FROM items; INSERT INTO items SELECT * FROM old.items;
+    DELETE FROM item_search; INSERT INTO item_search SELECT * FROM old.item_search;
+    DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;
+    DELETE FROM item_generation_head; INSERT INTO item_generation_head SELECT * FROM old.item_generation_head;
+    DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
+    COMMIT;
+    """
+}
