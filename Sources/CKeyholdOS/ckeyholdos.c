@@ -9,6 +9,7 @@
 #include <string.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/resource.h>
 #include <spawn.h>
 #include <unistd.h>
 #include "ckeyholdos.h"
@@ -218,3 +219,12 @@ int ckh_raise_nofile(uint64_t want) {
     rl.rlim_cur = target;
     return setrlimit(RLIMIT_NOFILE, &rl);
 }
+// The calling thread's nice value (Linux keeps one per thread), read and set by its tid.
+int ckh_thread_nice_get(int *nice) {
+    errno = 0;
+    int value = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    if (value == -1 && errno != 0) return -1;
+    *nice = value;
+    return 0;
+}
+int ckh_thread_nice_set(int nice) { return setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice); }

@@ -1,4 +1,5 @@
 import Glibc
+import CKeyholdOS
 import KeyholdVault
 
 /// Audit group commit. Each caller hands its store work (an audit entry, and the change or
@@ -85,6 +86,8 @@ final class GroupCommit: @unchecked Sendable {
 
         var results = [Bool](repeating: false, count: group.count)
         var committed = false
+        let raised = Self.raisePriority()
+        defer { if let before = raised { _ = ckh_thread_nice_set(before) } }
         withStore { store in
             committed = store.groupTransaction {
                 for (i, member) in group.enumerated() { results[i] = member.work(store) }
@@ -103,5 +106,21 @@ final class GroupCommit: @unchecked Sendable {
         // The oldest waiter leads next (unless a newcomer takes the lead first: then that
         // leader's commit finishes it, or hands on to it again).
         if let next = queue.first { pthread_cond_signal(next.wake) }
+    }
+
+    /// How much the leader's thread is favoured while it leads: nice 10 lower weighs about nine
+    /// times a session thread's share, so the leader, which every member of its group waits for,
+    /// is rarely preempted by those members' sessions (measured with the benchmark: 64 clients
+    /// about 10% more gets/s, lower p99).
+    static let leaderNiceBoost: Int32 = 10
+
+    /// Lowers this thread's nice value by `leaderNiceBoost` and returns the value to restore, or
+    /// nil where the broker may not raise priority (without CAP_SYS_NICE): it then leads at the
+    /// priority it has, which changes only speed.
+    private static func raisePriority() -> Int32? {
+        var before: Int32 = 0
+        guard ckh_thread_nice_get(&before) == 0 else { return nil }
+        guard ckh_thread_nice_set(max(before - leaderNiceBoost, -20)) == 0 else { return nil }
+        return before
     }
 }

@@ -129,4 +129,29 @@ import KeyholdTestSupport
         #expect(Self.burst(h, members: 8, marker: "after").allSatisfy { $0 })
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
     }
+
+    /// The leader runs its group's work favoured (nice 10 lower, so that its members' sessions
+    /// do not preempt it) and afterwards has its own priority back, whatever that was. Read
+    /// from the kernel on a thread of the test's own, which leads its one-member group.
+    @Test func theLeaderIsFavouredWhileItLeadsAndOnlyThen() throws {
+        let h = try Harness()
+        let which = __priority_which_t(PRIO_PROCESS.rawValue)
+        for own: Int32 in [0, 7] {
+            let seen = Mutex<(during: Int32?, after: Int32?)>((nil, nil))
+            let done = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                setpriority(which, 0, own)  // who 0: this thread alone
+                let ok = h.run { _ in
+                    seen.withLock { $0.during = getpriority(which, 0) }
+                    return true
+                }
+                seen.withLock { $0.after = ok ? getpriority(which, 0) : nil }
+                done.signal()
+            }
+            done.wait()
+            let (during, after) = seen.withLock { $0 }
+            #expect(during == own - GroupCommit.leaderNiceBoost)
+            #expect(after == own)
+        }
+    }
 }

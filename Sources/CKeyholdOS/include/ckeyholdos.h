@@ -43,4 +43,6 @@ int ckh_unix_peer_inode(int fd, uint64_t *peer);
 int ckh_socket_holders(uint64_t inode, int32_t *pids, int max);
 /* Raise RLIMIT_NOFILE's soft limit to want (capped by the hard limit). */
 int ckh_raise_nofile(uint64_t want);
+int ckh_thread_nice_get(int *nice);
+int ckh_thread_nice_set(int nice);
 #endif
