@@ -107,6 +107,39 @@ import KeyholdTestSupport
         #expect(methods.contains("\"method\":\"reuse\""))
     }
 
+    /// Where the kernel shows the caller no session (its leader is outside the broker's PID
+    /// namespace, as in CI's container and under `unshare --pid`), a window belongs to the
+    /// program that authenticated: the same process asks again without a prompt, the program
+    /// it execs into (same pid, same start time) does not. In a visible session the window is
+    /// the session's, so the exec'd program reads it (SECURITY.md, "Reuse windows"). The client
+    /// answers the prompt itself over the wire (Tests/fixtures/hostile_client.py, reuseexec)
+    /// and is spawned in the test runner's session (Process would give it a session of its own).
+    @Test func aProgramExecedIntoDoesNotInheritAProcessWindow() throws {
+        let b = try gatedFixture()
+        #expect(b.cli(["put", "r", "x", "--policy", "device-passcode", "--reuse", "60"], stdin: Array("rv".utf8)).status == 0)
+        let answer = b.directory + "/reuseexec-answer", log = b.directory + "/reuseexec-out"
+        #expect(FileManager.default.createFile(atPath: answer, contents: Data((right + "\n").utf8), attributes: [.posixPermissions: 0o600]))
+        let client = try SpawnedProcess.spawn("/usr/bin/python3", [HostileLocalUserTests.client, "reuseexec", b.socketPath, "r", "x",
+                                                                   TestPaths.keyhold], environment: [:], log: log, stdin: answer)
+        #expect(client.waitForExit(timeout: 60))
+        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        let lines = output.split(separator: "\n", maxSplits: 1, omittingEmptySubsequences: false)
+        let json = (try? JSONSerialization.jsonObject(with: Data((lines.first ?? "").utf8))) as? [String: Any] ?? [:]
+        #expect(json["first"] as? String == "ok" && json["again"] as? String == "ok", "\(lines.first ?? "")")
+        let after = lines.count > 1 ? String(lines[1]) : ""
+        let entries = b.cli(["audit", "--json", "--item", "r/x"]).stdoutText.split(separator: "\n")
+        let last = (try? JSONSerialization.jsonObject(with: Data((entries.last ?? "").utf8))) as? [String: Any] ?? [:]
+        #expect(last["pid"] as? Int == json["pid"] as? Int && last["executable"] as? String == TestPaths.keyhold, "\(last)")
+        if json["session"] as? Int == 0 {
+            // Only the error line may follow the JSON line (a released secret is not printed here).
+            #expect(client.exitCode == 7 && after.hasPrefix("keyhold: "), "exit \(String(describing: client.exitCode)), \(after.utf8.count) bytes after")
+            #expect(last["outcome"] as? String == "interaction-not-allowed", "\(last)")
+        } else {
+            #expect(client.exitCode == 0 && after == "rv", "exit \(String(describing: client.exitCode)), \(after.utf8.count) bytes after")
+            #expect(last["method"] as? String == "reuse", "\(last)")
+        }
+    }
+
     @Test func allowedExecutableAdmitsOnlyThatProgram() throws {
         let b = try gatedFixture()
         let copy = b.directory + "/other-client"

@@ -28,14 +28,16 @@ public final class SpawnedProcess: @unchecked Sendable {
         self.path = path
     }
 
-    /// Starts `path` with `arguments`, stdin from /dev/null, stdout and stderr appended to
-    /// `log`, no other inherited descriptors, an empty signal mask and default handlers.
+    /// Starts `path` with `arguments`, stdin from `stdin` (/dev/null unless given), stdout and
+    /// stderr appended to `log`, no other inherited descriptors, an empty signal mask and
+    /// default handlers. Unlike Process it does not start a new session: the child is in the
+    /// test runner's.
     public static func spawn(_ path: String, _ arguments: [String], environment: [String: String],
-                             log: String) throws -> SpawnedProcess {
+                             log: String, stdin: String = "/dev/null") throws -> SpawnedProcess {
         var actions = posix_spawn_file_actions_t()
         posix_spawn_file_actions_init(&actions)
         defer { posix_spawn_file_actions_destroy(&actions) }
-        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 0, stdin, O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, log, O_WRONLY | O_CREAT | O_APPEND, 0o644)
         posix_spawn_file_actions_adddup2(&actions, 1, 2)
         // Do not hand the test runner's pipes to a daemon (glibc >= 2.34; looked up at run
