@@ -253,6 +253,30 @@ import KeyholdTestSupport
         #expect(Self.outcome(gate.authorize(item, caller: Self.caller(), request: Self.request(interactive: false), via: after, store: vault)) == .interactionNotAllowed)
     }
 
+    /// A window is the uid's that opened it: another account in the same session (`su`
+    /// without a new session), or the same process after it changed uid, has none.
+    @Test func reuseWindowIsNotSharedAcrossAccounts() throws {
+        let vault = try Vault(), clock = FakeClock()
+        let item = try vault.add("device-passcode", reuse: 60)
+        let gate = Self.gate(Self.yes, clock: clock)
+        #expect(Self.method(gate.authorize(item, caller: Self.caller(), request: Self.request(), via: Script(), store: vault)) == [.password])
+        #expect(gate.preview(item, caller: Self.caller()) == .available)
+        func asOther(session: Int32) -> Caller {
+            var c = Caller(uid: Self.uid + 1, pid: getpid(), executable: Self.caller().executable, sessionID: session,
+                           userName: "gate-test-other", tty: nil, remoteHost: nil)
+            c.startTime = 4242
+            c.peer = Peer(fd: -1, pid: getpid(), uid: Self.uid + 1)
+            return c
+        }
+        #expect(gate.preview(item, caller: asOther(session: 77)) == .requiresAuthentication)
+        #expect(Self.outcome(gate.authorize(item, caller: asOther(session: 77), request: Self.request(interactive: false), via: Script(), store: vault)) == .interactionNotAllowed)
+        // The same in a session the kernel does not show (a window for the process alone).
+        let own = Self.caller(session: 0, peer: Peer(fd: -1, pid: getpid(), uid: Self.uid))
+        #expect(Self.method(gate.authorize(item, caller: own, request: Self.request(), via: Script(), store: vault)) == [.password])
+        #expect(gate.preview(item, caller: own) == .available)
+        #expect(gate.preview(item, caller: asOther(session: 0)) == .requiresAuthentication)
+    }
+
     // MARK: lockout
 
     @Test func fiveFailuresLockOutThenEscalateAndPersist() throws {
