@@ -33,7 +33,7 @@ public enum BrokerMain {
                 print(try KeyProtectorMigration.run(to: target, options: options, executable: helper))
                 exit(0)
             } catch {
-                fail("cannot migrate the key protector of \(options.stateDirectory): \(error)")
+                fail("cannot migrate the key protector of \(options.stateDirectory): \(error)", code: Int32(error.outcome.rawValue))
             }
         }
 
@@ -44,7 +44,9 @@ public enum BrokerMain {
             store = try VaultStore.open(stateDirectory: options.stateDirectory,
                                         keyProtector: KeyProtectorSetup.protector(protector, options))
         } catch {
-            fail("cannot open the vault in \(options.stateDirectory): \(error)")
+            // The exit status is the reason's outcome, as for the CLI: a key the TPM will not
+            // unseal here (another TPM, changed PCRs) or an altered vault is integrity (13).
+            fail("cannot open the vault in \(options.stateDirectory): \(error)", code: Int32(error.outcome.rawValue))
         }
         // The rollback checks see the head as it was found: an entry written first would move a
         // copy one entry behind its anchor up to it, and the restore would pass.
