@@ -242,31 +242,9 @@ extension Session {
     /// while a page is read, and the client decodes one page while the next is read.
     func list(_ request: Request) -> Response {
         guard broker.audit(event(request, .list, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
-        return sendAllItems()
-    }
-
-    /// Every item of the caller, 2,000 per store call (the store is released between pages, so
-    /// a long listing never holds up other callers for its whole length).
-    private func sendAllItems() -> Response {
-        var cursor: VaultStore.ItemPageCursor?
-        var count = 0, damaged = 0
-        repeat {
-            let page: Result<(items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?), Denial> = broker.withStore { store in
-                do throws(StoreError) {
-                    return .success(try store.items(owner: caller.uid, after: cursor, limit: 2000))
-                } catch {
-                    return .failure(Denial(error.outcome))
-                }
-            }
-            guard case .success(let found) = page else { return Response(.otherError, detail: "the item list could not be read") }
-            guard sendItems(found.items) else { return Response(.otherError) }
-            count += found.items.count
-            damaged += found.damaged
-            cursor = found.next
-        } while cursor != nil
-        var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
-        r.count = UInt64(count)
-        return r
+        return sendPages(failure: "the item list could not be read") { source, cursor throws(StoreError) in
+            try source.items(owner: caller.uid, after: cursor, limit: Self.itemsPerPage)
+        }
     }
 
     /// The caller's items whose attribute map holds every query pair (the store's index finds
@@ -274,19 +252,31 @@ extension Session {
     /// `list`: one entry per request, before anything is sent, with no names in it.
     func search(_ request: Request) -> Response {
         guard broker.audit(event(request, .search, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
-        // An empty query is every item: paged like `list`, not one store call for all of them.
-        if request.searchAttributes.isEmpty { return sendAllItems() }
-        let result: Result<(items: [StoredItem], damaged: Int), Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                return .success(try store.search(owner: caller.uid, attributes: request.searchAttributes))
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
+        return sendPages(failure: "the items could not be searched") { source, cursor throws(StoreError) in
+            try source.search(owner: caller.uid, attributes: request.searchAttributes, after: cursor, limit: Self.itemsPerPage)
         }
-        guard case .success(let found) = result else { return Response(.otherError, detail: "the items could not be searched") }
-        guard sendItems(found.items) else { return Response(.otherError) }
-        var r = Response(.ok, detail: found.damaged > 0 ? "\(found.damaged) damaged item(s) could not be read" : nil)
-        r.count = UInt64(found.items.count)
+    }
+
+    /// Rows read per page by `list` and `search`. Pages run on the listing reader
+    /// (`Broker.readPage`), which is let go between pages, so listings and searches of other
+    /// callers interleave with a long one.
+    static let itemsPerPage = 500
+
+    /// Reads pages with `read` and sends each as `.items` frames.
+    private func sendPages(failure: String, _ read: (any ItemPageSource, VaultStore.ItemPageCursor?) throws(StoreError)
+                               -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)) -> Response {
+        var cursor: VaultStore.ItemPageCursor?
+        var count = 0, damaged = 0
+        repeat {
+            let page = broker.readPage { (source) throws(StoreError) in try read(source, cursor) }
+            guard case .success(let found) = page else { return Response(.otherError, detail: failure) }
+            guard sendItems(found.items) else { return Response(.otherError) }
+            count += found.items.count
+            damaged += found.damaged
+            cursor = found.next
+        } while cursor != nil
+        var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
+        r.count = UInt64(count)
         return r
     }
 

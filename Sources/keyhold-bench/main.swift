@@ -9,7 +9,7 @@ import KeyholdVault
 //   keyhold-bench [--items N] [--audit-entries N] | --tpm-cost-only | --verify-state DIR
 //     | --fill-state DIR --owner UID --from A --to B (Secret Service benchmark's items)
 //     | --seed-audit DIR --entries N (a log to profile `--verify-state` on)
-//     | --throughput-only (the concurrent get table alone)
+//     | --throughput-only (the concurrent get table alone) | --search-only (the search rows alone)
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
@@ -165,6 +165,23 @@ let put1k = putTimes  // the puts that filled the store to 1,000
 let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
 report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
+/// A search of every item, and other callers' gets while one searches or lists in a loop.
+@MainActor func reportSearch() {
+    let search = measureSearch(socketPath: socketPath, items: stored)
+    report("search matching all \(stored) items (client library), best of 3", ms(search.best), "")
+    func p50p99(_ xs: [Double]) -> String { "\(ms(percentile(xs, 0.5))) / \(ms(percentile(xs, 0.99)))" }
+    report("get while another client searches / lists in a loop: p50 / p99", "\(p50p99(search.searching)) · \(p50p99(search.listing))",
+           "quiet: \(p50p99(search.quiet))")
+}
+if args.contains("--search-only") {
+    // The search rows alone, at --items (at most 10,000), for comparing builds.
+    fill(to: min(maxItems, 10_000))
+    reportSearch()
+    broker.terminate()
+    broker.waitUntilExit()
+    try? FileManager.default.removeItem(atPath: dir)
+    exit(0)
+}
 if args.contains("--throughput-only") {
     // The throughput table alone (with CPU per get), for profiling the broker beside it.
     reportThroughput(socketPath: socketPath, items: stored, brokerPID: broker.processIdentifier)
@@ -205,6 +222,7 @@ for _ in 0..<3 {
     precondition(n >= stored)
 }
 report("list of \(stored) items (client library), best of 3", ms(listTimes.min()!), "target < 500 ms")
+reportSearch()
 
 let files = ["vault.db", "vault.db-wal"].map { state + "/" + $0 }
 let bytes = files.reduce(0) { $0 + ((try? FileManager.default.attributesOfItem(atPath: $1)[.size] as? Int) ?? 0) }

@@ -53,6 +53,28 @@ import KeyholdTestSupport
         }
     }
 
+    /// Runs `body` while another thread holds the store lock (as a group commit does across its
+    /// fsync); the holder lets go once `body` answered, or after 30 s. Returns `body`'s answer
+    /// and whether it came while the lock was held.
+    static func whileAnotherThreadHoldsTheStore<R>(_ h: Harness, _ body: () -> R) -> (R, answeredWhileHeld: Bool) {
+        let held = DispatchSemaphore(value: 0), answered = DispatchSemaphore(value: 0), released = DispatchSemaphore(value: 0)
+        let answeredWhileHeld = Mutex(false)
+        let holder = Thread {
+            h.broker.withStore { _ in
+                held.signal()
+                let ok = answered.wait(timeout: .now() + 30) == .success
+                answeredWhileHeld.withLock { $0 = ok }
+            }
+            released.signal()
+        }
+        holder.start()
+        held.wait()
+        let result = body()
+        answered.signal()
+        released.wait()
+        return (result, answeredWhileHeld.withLock { $0 })
+    }
+
     static func found(_ r: Result<StoredItem?, Denial>) -> StoredItem? {
         if case .success(let item?) = r { return item }
         return nil
@@ -73,22 +95,8 @@ import KeyholdTestSupport
         let h = try Harness()
         let item = try #require(h.add("s1"))
         #expect(h.broker.readers.withReader { _ in true } != nil)  // there is a reader
-        let held = DispatchSemaphore(value: 0), answered = DispatchSemaphore(value: 0), released = DispatchSemaphore(value: 0)
-        let answeredWhileHeld = Mutex(false)
-        let holder = Thread {
-            h.broker.withStore { _ in
-                held.signal()
-                let ok = answered.wait(timeout: .now() + 30) == .success
-                answeredWhileHeld.withLock { $0 = ok }
-            }
-            released.signal()
-        }
-        holder.start()
-        held.wait()
-        let result = h.session().releaseLookup(Harness.ref)
-        answered.signal()
-        released.wait()
-        #expect(answeredWhileHeld.withLock { $0 })
+        let (result, answeredWhileHeld) = Self.whileAnotherThreadHoldsTheStore(h) { h.session().releaseLookup(Harness.ref) }
+        #expect(answeredWhileHeld)
         #expect(Self.found(result)?.id == item.id)
         #expect(Self.found(result)?.generation == 1)
     }
@@ -220,5 +228,29 @@ import KeyholdTestSupport
         #expect(Self.outcome(viaReader) == .otherError)
         #expect(Self.outcome(viaReader) == Self.outcome(h.session().lookup(Harness.ref)))
         #expect(h.session().get(request).secret == nil)
+        // Nor does the listing reader list the restored item.
+        let page = h.broker.readPage { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
+        guard case .failure(let denial) = page else { Issue.record("a page was read after the rollback"); return }
+        #expect(denial.outcome == .otherError)
+    }
+
+    /// `list` and `search` read their pages on the listing reader: a page is read while one
+    /// thread holds the store lock (as a group commit does across its fsync), so a long listing
+    /// and releases never wait for each other. Without the listing reader the page waits for
+    /// the lock, the holder gives up after 30 s, and this fails.
+    @Test func listingPagesAreReadWhileTheStoreLockIsHeld() throws {
+        let h = try Harness()
+        let item = try #require(h.add("s1"))
+        let ((listed, found), answeredWhileHeld) = Self.whileAnotherThreadHoldsTheStore(h) {
+            (h.broker.readPage { (source) throws(StoreError) in
+                try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 500).items.map(\.id)
+            },
+             h.broker.readPage { (source) throws(StoreError) in
+                try source.search(owner: ReleaseGateTests.uid, attributes: ["service": "svc"], after: nil, limit: 500).items.map(\.id)
+            })
+        }
+        #expect(answeredWhileHeld)
+        #expect((try? listed.get()) == [item.id])
+        #expect((try? found.get()) == [item.id])
     }
 }

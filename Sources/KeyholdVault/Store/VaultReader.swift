@@ -2,8 +2,9 @@ import Glibc
 import KeyholdCore
 
 /// A read-only second connection to the broker's vault file, for the item lookup a release is
-/// decided on. The broker's store lock is held across each group commit and its fsync; in WAL
-/// mode this connection reads the last committed state meanwhile, so lookups need not wait.
+/// decided on, and for listings and searches. The broker's store lock is held across each group
+/// commit and its fsync; in WAL mode this connection reads the last committed state meanwhile,
+/// so lookups need not wait, and a long listing never holds the store others' releases wait for.
 ///
 /// It only finds what the release gate decides on: before a secret leaves, the writer reads the
 /// row again under its lock and refuses unless it still carries the same access
@@ -38,7 +39,35 @@ public final class VaultReader {
         }
     }
 
+    /// One page of `VaultStore.items(owner:after:limit:)`, in one read transaction.
+    public func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
+        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
+            try store.items(owner: owner, after: cursor, limit: limit)
+        }
+    }
+
+    /// One page of `VaultStore.search(owner:attributes:after:limit:)`, in one read transaction.
+    public func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
+        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
+            try store.search(owner: owner, attributes: attributes, after: cursor, limit: limit)
+        }
+    }
+
     /// Later lookups fail with `.closed`. The broker closes its readers before the writer, so the
     /// writer's close is the last one and checkpoints and removes the WAL.
     public func close() { store.close() }
 }
+
+/// Where a listing or a search is read page by page: a reader, or the writer when the broker
+/// has no reader.
+public protocol ItemPageSource {
+    func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
+    func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
+}
+
+extension VaultReader: ItemPageSource {}
+extension VaultStore: ItemPageSource {}

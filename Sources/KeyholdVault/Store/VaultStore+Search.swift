@@ -42,33 +42,66 @@ extension VaultStore {
 
     /// The items of `owner` whose attribute map holds every pair of `query`, in creation order,
     /// and how many candidate rows failed to open (damaged; left out). An empty query is every
-    /// item of the owner (`items(owner:)`). Candidates come from the index; each is opened and
-    /// matched exactly, and must be the owner's (its owner is bound into its boxes).
+    /// item of the owner (`items(owner:)`).
     public func search(owner: UInt32, attributes query: [String: String]) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        var found: [StoredItem] = []
+        var damaged = 0
+        var cursor: ItemPageCursor?
+        repeat {
+            let page = try search(owner: owner, attributes: query, after: cursor, limit: 10_000)
+            found += page.items
+            damaged += page.damaged
+            cursor = page.next
+        } while cursor != nil
+        return (found, damaged)
+    }
+
+    /// One page of that search, from after `cursor`, and the cursor of the next page (nil at the
+    /// end); each page reads at most `limit` rows, so the broker can release the store between
+    /// pages whatever the query matches. A query with a rare pair is driven by that pair's index
+    /// rows (one short page); one whose every pair is common walks the owner's items in order,
+    /// checking each pair on the (item_id, tag) index. Each candidate is opened and matched
+    /// exactly, and must be the owner's (its owner is bound into its boxes).
+    public func search(owner: UInt32, attributes query: [String: String], after cursor: ItemPageCursor?, limit: Int) throws(StoreError)
+        -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?) {
         guard query.count <= Limits.maxAttributePairs else { throw .tooLarge }
         for (k, v) in query where k.utf8.count > Limits.maxTextBytes || v.utf8.count > Limits.maxTextBytes { throw .tooLarge }
-        if query.isEmpty { return try items(owner: owner) }
+        if query.isEmpty { return try items(owner: owner, after: cursor, limit: limit) }
         var generations: GenerationRecord?
         do { generations = try verifiedGenerations() } catch {
             guard error == .integrity else { throw error }
         }
-        let tags = try mapped { () throws(DatabaseError) in
+        let (tags, rare) = try mapped { () throws(DatabaseError) in
             try drivingOrder(query.map { searchTag(owner: owner, key: $0.key, value: $0.value) })
         }
-        // Driven by the rarest tag; every other tag is checked on the (item_id, tag) index.
-        let others = tags.indices.dropFirst().map { "AND EXISTS (SELECT 1 FROM item_search t WHERE t.item_id = s.item_id AND t.tag = ?\($0 + 2))" }
-        let sql = """
-            SELECT \(Self.itemColumns) FROM items WHERE owner_uid = ?1 AND id IN (
-                SELECT s.item_id FROM item_search s WHERE s.tag = ?2 \(others.joined(separator: " ")))
-            ORDER BY rowid
-            """
+        let first = 4
+        func has(_ i: Int, _ item: String) -> String {
+            "EXISTS (SELECT 1 FROM item_search t WHERE t.item_id = \(item) AND t.tag = ?\(i + first))"
+        }
+        // `candidate` is 1 for a row whose index rows hold every pair of the query.
+        let sql = rare
+            ? """
+              SELECT \(Self.itemColumns), rowid, 1 FROM items WHERE owner_uid = ?1 AND rowid > ?2 AND id IN (
+                  SELECT s.item_id FROM item_search s WHERE s.tag = ?\(first) \(tags.indices.dropFirst().map { "AND " + has($0, "s.item_id") }.joined(separator: " ")))
+              ORDER BY rowid LIMIT ?3
+              """
+            : """
+              SELECT \(Self.itemColumns), rowid, \(tags.indices.map { has($0, "items.id") }.joined(separator: " AND "))
+              FROM items WHERE owner_uid = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3
+              """
         var found: [StoredItem] = []
-        var damaged = 0
+        var damaged = 0, rows = 0
+        var last: Int64?
         try mapped { () throws(DatabaseError) in
             try db.withStatement(sql) { (s) throws(DatabaseError) in
                 try s.bind(1, Int64(owner))
-                for (i, tag) in tags.enumerated() { try s.bind(Int32(i + 2), blob: tag) }
+                try s.bind(2, cursor?.rowid ?? Int64.min)
+                try s.bind(3, Int64(max(limit, 1)))
+                for (i, tag) in tags.enumerated() { try s.bind(Int32(i + first), blob: tag) }
                 while try s.step() {
+                    rows += 1
+                    last = s.int64(14)
+                    guard s.int64(15) == 1 else { continue }
                     guard let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
                           item.owner == owner else {
                         damaged += 1
@@ -81,22 +114,24 @@ extension VaultStore {
                 }
             }
         }
-        return (found, damaged)
+        let next = rows >= max(limit, 1) ? last.map { ItemPageCursor(rowid: $0) } : nil
+        return (found, damaged, next)
     }
 
-    /// The tags, rarest first (rows counted up to a cap), so a query that pairs a common tag
-    /// (`service=…` of 10,000 items) with a rare one walks the rare one's rows.
-    private func drivingOrder(_ tags: [[UInt8]]) throws(DatabaseError) -> [[UInt8]] {
-        guard tags.count > 1 else { return tags }
+    /// The tags, rarest first (rows counted up to a cap), and whether the rarest has fewer rows
+    /// than the cap: then a search walks its rows, else the owner's items.
+    private func drivingOrder(_ tags: [[UInt8]]) throws(DatabaseError) -> (tags: [[UInt8]], rare: Bool) {
+        let cap: Int64 = 256
         var counted: [(tag: [UInt8], rows: Int64)] = []
         for tag in tags {
-            let n = try db.withStatement("SELECT count(*) FROM (SELECT 1 FROM item_search WHERE tag = ?1 LIMIT 256)") { (s) throws(DatabaseError) in
+            let n = try db.withStatement("SELECT count(*) FROM (SELECT 1 FROM item_search WHERE tag = ?1 LIMIT \(cap))") { (s) throws(DatabaseError) in
                 try s.bind(1, blob: tag)
                 return try s.step() ? s.int64(0) : 0
             }
             counted.append((tag, n))
         }
-        return counted.sorted { $0.rows < $1.rows }.map(\.tag)
+        counted.sort { $0.rows < $1.rows }
+        return (counted.map(\.tag), counted[0].rows < cap)
     }
 
     /// Items written before migration 4 get their rows once, on the first open after it (the
