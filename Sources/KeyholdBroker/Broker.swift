@@ -26,9 +26,10 @@ public final class Broker: Sendable {
     private let store: BlockingMutex<VaultStore>
     /// Lookups for `get` and `rotate` (ReaderPool.swift); closed before the store.
     let readers: ReaderPool
-    /// Pages of `list` and `search`, on a reader of their own: a long listing or a search that
-    /// matches every item holds neither the store nor the lookups' readers. Closed before the store.
-    let listingReader: ReaderPool
+    /// The reads a caller can make long (`LongReads`: pages of `list`, `search` and `audit`, and
+    /// `audit verify`), on a reader of their own: they hold neither the store nor the lookups'
+    /// readers. Closed before the store.
+    let longReader: ReaderPool
     /// The store's Argon2id limits, read once: application passwords are derived before the
     /// store is locked (AppPasswordKey).
     let passwordHashing: PasswordHashStrength
@@ -48,7 +49,7 @@ public final class Broker: Sendable {
             refusal = error
             self.readers = ReaderPool()
         }
-        self.listingReader = refusal == nil ? ((try? ReaderPool.open(count: 1, of: store)) ?? ReaderPool()) : ReaderPool()
+        self.longReader = refusal == nil ? ((try? ReaderPool.open(count: 1, of: store)) ?? ReaderPool()) : ReaderPool()
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
@@ -76,13 +77,13 @@ public final class Broker: Sendable {
         }
     }
 
-    /// One page of a listing or search (`read`), on the listing reader; on the writer, under
-    /// the store lock, when there is none. Fails closed as `readItem` does.
-    func readPage<R: Sendable>(_ read: (any ItemPageSource) throws(StoreError) -> R) -> Result<R, Denial> {
-        func run(_ source: any ItemPageSource) -> Result<R, Denial> {
+    /// `read` on the long-read reader; on the writer, under the store lock, when there is none.
+    /// Fails closed as `readItem` does.
+    func longRead<R: Sendable>(_ read: (any LongReads) throws(StoreError) -> R) -> Result<R, Denial> {
+        func run(_ source: any LongReads) -> Result<R, Denial> {
             do throws(StoreError) { return .success(try read(source)) } catch { return .failure(Denial(error.outcome)) }
         }
-        if let page = listingReader.withReader({ reader -> Result<R, Denial> in
+        if let page = longReader.withReader({ reader -> Result<R, Denial> in
             guard rollbackRefusal.withLock({ $0 == nil }) else { return .failure(Denial(StoreError.closed.outcome)) }
             return run(reader)
         }) {
@@ -157,7 +158,7 @@ public final class Broker: Sendable {
     /// WAL. Called with the store lock held.
     func closeVault(_ store: VaultStore) {
         readers.close()
-        listingReader.close()
+        longReader.close()
         store.close()
     }
 

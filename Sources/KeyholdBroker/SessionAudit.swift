@@ -18,19 +18,14 @@ extension Session {
         var afterSeq = request.afterSeq
         // A user numbers entries among their own (see auditEntries): resume after their own number.
         if let uid = visibleTo, let own = request.afterSeq {
-            let translated: Int64? = broker.withStore { store in try? store.auditSeq(uid: uid, own: own) }
-            guard let translated else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
-            afterSeq = translated
+            let translated = broker.longRead { (source) throws(StoreError) in try source.auditSeq(uid: uid, own: own) }
+            guard case .success(let seq) = translated else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
+            afterSeq = seq
         }
         var sent = 0
         while true {
-            let page: Result<[AuditEntryView], Denial> = broker.withStore { store in
-                do throws(StoreError) {
-                    return .success(try store.auditEntries(visibleTo: visibleTo, since: request.since, item: filter,
-                                                           afterSeq: afterSeq, limit: 5000))
-                } catch {
-                    return .failure(Denial(error.outcome))
-                }
+            let page = broker.longRead { (source) throws(StoreError) in
+                try source.auditEntries(visibleTo: visibleTo, since: request.since, item: filter, afterSeq: afterSeq, limit: 5000)
             }
             guard case .success(let views) = page else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
             var infos: [AuditEntryInfo] = []
@@ -66,31 +61,18 @@ extension Session {
     /// theirs), so verifying reveals nothing of others' activity.
     func auditVerify(_ request: Request) -> Response {
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
-        let result: Result<(AuditVerification, count: Int64, badOwn: Int64?), Denial> = broker.withStore { store in
-            do throws(StoreError) {
-                let v = try store.verifyAudit()
-                guard let uid = visibleTo else {
-                    if case .intact(let n) = v { return .success((v, n, nil)) }
-                    if case .broken(let seq, _) = v { return .success((v, 0, seq)) }
-                    return .success((v, 0, nil))
-                }
-                let count = try store.auditEntryCount(uid: uid)
-                var badOwn: Int64?
-                if case .broken(let seq, _) = v { badOwn = try store.auditOwnSeq(uid: uid, seq: seq) }
-                return .success((v, count, badOwn))
-            } catch {
-                return .failure(Denial(error.outcome))
-            }
-        }
         var r: Response
-        switch result {
+        switch broker.longRead({ (source) throws(StoreError) in try source.verifyAudit(visibleTo: visibleTo) }) {
         case .failure(let d): return deny(request, .auditVerify, item: nil, d)
-        case .success((.intact, let count, _)):
-            r = Response(.ok)
-            r.count = UInt64(count)
-        case .success((.broken(_, let problem), _, let bad)):
-            r = Response(.integrityFailure, detail: problem.rawValue)
-            r.firstBadSeq = bad.map { UInt64(max($0, 0)) }
+        case .success(let answer):
+            switch answer.verification {
+            case .intact:
+                r = Response(.ok)
+                r.count = UInt64(answer.count)
+            case .broken(_, let problem):
+                r = Response(.integrityFailure, detail: problem.rawValue)
+                r.firstBadSeq = answer.firstBad.map { UInt64(max($0, 0)) }
+            }
         }
         // Recorded after the check, so the entry itself is not part of what was verified.
         guard broker.audit(event(request, .auditVerify, decision: .granted, outcome: r.outcome)) else { return Response(.auditUnavailable) }

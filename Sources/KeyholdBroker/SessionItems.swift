@@ -257,18 +257,18 @@ extension Session {
         }
     }
 
-    /// Rows read per page by `list` and `search`. Pages run on the listing reader
-    /// (`Broker.readPage`), which is let go between pages, so listings and searches of other
-    /// callers interleave with a long one.
+    /// Rows read per page by `list` and `search`. Pages run on the long-read reader
+    /// (`Broker.longRead`), which is let go between pages, so other callers' long reads
+    /// interleave with a long one.
     static let itemsPerPage = 500
 
     /// Reads pages with `read` and sends each as `.items` frames.
-    private func sendPages(failure: String, _ read: (any ItemPageSource, VaultStore.ItemPageCursor?) throws(StoreError)
+    private func sendPages(failure: String, _ read: (any LongReads, VaultStore.ItemPageCursor?) throws(StoreError)
                                -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)) -> Response {
         var cursor: VaultStore.ItemPageCursor?
         var count = 0, damaged = 0
         repeat {
-            let page = broker.readPage { (source) throws(StoreError) in try read(source, cursor) }
+            let page = broker.longRead { (source) throws(StoreError) in try read(source, cursor) }
             guard case .success(let found) = page else { return Response(.otherError, detail: failure) }
             guard sendItems(found.items) else { return Response(.otherError) }
             count += found.items.count

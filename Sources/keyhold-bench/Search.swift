@@ -5,10 +5,10 @@ import KeyholdCore
 import Synchronization
 
 /// A search that matches every item (one pair, `service`), and what a long read does to other
-/// callers: `get` latency on one client while another searches (or lists) in a loop, beside
-/// the same gets with nothing else running.
-func measureSearch(socketPath: String, items: Int, gets: Int = 500)
-    -> (best: Double, quiet: [Double], searching: [Double], listing: [Double]) {
+/// callers: `get` latency on one client while another searches, lists or verifies the audit
+/// log in a loop, beside the same gets with nothing else running.
+func measureLongReads(socketPath: String, items: Int, gets: Int = 500)
+    -> (best: Double, quiet: [Double], searching: [Double], listing: [Double], verifying: [Double]) {
     let reader = Vault(socketPath: socketPath), getter = Vault(socketPath: socketPath)
     var times: [Double] = []
     for _ in 0..<3 {
@@ -38,5 +38,6 @@ func measureSearch(socketPath: String, items: Int, gets: Int = 500)
     let quiet = timedGets()
     let searching = timedGets { _ = try? reader.search(attributes: ["service": "bench.example"]) }
     let listing = timedGets { _ = try? reader.items() }
-    return (times.min()!, quiet, searching, listing)
+    let verifying = timedGets { _ = try? reader.verifyAudit() }
+    return (times.min()!, quiet, searching, listing, verifying)
 }

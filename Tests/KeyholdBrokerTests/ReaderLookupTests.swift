@@ -228,27 +228,34 @@ import KeyholdTestSupport
         #expect(Self.outcome(viaReader) == .otherError)
         #expect(Self.outcome(viaReader) == Self.outcome(h.session().lookup(Harness.ref)))
         #expect(h.session().get(request).secret == nil)
-        // Nor does the listing reader list the restored item.
-        let page = h.broker.readPage { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
+        // Nor does the long-read reader list the restored item.
+        let page = h.broker.longRead { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
         guard case .failure(let denial) = page else { Issue.record("a page was read after the rollback"); return }
         #expect(denial.outcome == .otherError)
     }
 
-    /// `list` and `search` read their pages on the listing reader: a page is read while one
-    /// thread holds the store lock (as a group commit does across its fsync), so a long listing
-    /// and releases never wait for each other. Without the listing reader the page waits for
-    /// the lock, the holder gives up after 30 s, and this fails.
-    @Test func listingPagesAreReadWhileTheStoreLockIsHeld() throws {
+    /// The reads a caller can make long (pages of `list`, `search` and `audit`, and `audit
+    /// verify`) run on the long-read reader: they are answered while one thread holds the store
+    /// lock (as a group commit does across its fsync), so they and releases never wait for each
+    /// other. Without that reader they wait for the lock, the holder gives up after 30 s, and
+    /// this fails.
+    @Test func longReadsAreAnsweredWhileTheStoreLockIsHeld() throws {
         let h = try Harness()
         let item = try #require(h.add("s1"))
-        let ((listed, found), answeredWhileHeld) = Self.whileAnotherThreadHoldsTheStore(h) {
-            (h.broker.readPage { (source) throws(StoreError) in
-                try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 500).items.map(\.id)
-            },
-             h.broker.readPage { (source) throws(StoreError) in
-                try source.search(owner: ReleaseGateTests.uid, attributes: ["service": "svc"], after: nil, limit: 500).items.map(\.id)
-            })
+        let uid = ReleaseGateTests.uid
+        let (answers, answeredWhileHeld) = Self.whileAnotherThreadHoldsTheStore(h) {
+            (listed: h.broker.longRead { (source) throws(StoreError) in try source.items(owner: uid, after: nil, limit: 500).items.map(\.id) },
+             found: h.broker.longRead { (source) throws(StoreError) in
+                try source.search(owner: uid, attributes: ["service": "svc"], after: nil, limit: 500).items.map(\.id)
+             },
+             entries: h.broker.longRead { (source) throws(StoreError) in
+                try source.auditEntries(visibleTo: uid, since: nil, item: nil, afterSeq: nil, limit: 10).map(\.operation)
+             },
+             verified: h.broker.longRead { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil).verification })
         }
+        let (listed, found) = (answers.listed, answers.found)
+        #expect((try? answers.entries.get()) == ["put"])
+        #expect((try? answers.verified.get()) == .intact(count: 1))
         #expect(answeredWhileHeld)
         #expect((try? listed.get()) == [item.id])
         #expect((try? found.get()) == [item.id])

@@ -38,7 +38,7 @@ import KeyholdTestSupport
 
     @Test func anAcknowledgedPutIsSeenByTheNextGetOfAnotherClient() throws {
         let b = try BrokerFixture()
-        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 4)  // the writer, two lookup readers, the listing reader
+        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 4)  // the writer, two lookup readers, the long-read reader
         let writer = Vault(socketPath: b.socketPath), reader = Vault(socketPath: b.socketPath)
         for i in 0..<4 { try writer.add(Self.bytes("l\(i)"), service: "load", account: "a\(i)") }
         let stop = Flag()

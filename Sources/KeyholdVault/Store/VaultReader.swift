@@ -2,12 +2,13 @@ import Glibc
 import KeyholdCore
 
 /// A read-only second connection to the broker's vault file, for the item lookup a release is
-/// decided on, and for listings and searches. The broker's store lock is held across each group
-/// commit and its fsync; in WAL mode this connection reads the last committed state meanwhile,
-/// so lookups need not wait, and a long listing never holds the store others' releases wait for.
+/// decided on, and for the reads a caller can make long (`LongReads`). The broker's store lock
+/// is held across each group commit and its fsync; in WAL mode this connection reads the last
+/// committed state meanwhile, so lookups need not wait, and a long read never holds the store
+/// that releases wait for.
 ///
-/// It only finds what the release gate decides on: before a secret leaves, the writer reads the
-/// row again under its lock and refuses unless it still carries the same access
+/// A lookup only finds what the release gate decides on: before a secret leaves, the writer
+/// reads the row again under its lock and refuses unless it still carries the same access
 /// (`VaultStore.openCurrentSecret`). Not thread-safe: the broker keeps each reader behind its
 /// own lock.
 public final class VaultReader {
@@ -42,17 +43,37 @@ public final class VaultReader {
     /// One page of `VaultStore.items(owner:after:limit:)`, in one read transaction.
     public func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
-        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
-            try store.items(owner: owner, after: cursor, limit: limit)
-        }
+        try snapshot { () throws(StoreError) in try store.items(owner: owner, after: cursor, limit: limit) }
     }
 
     /// One page of `VaultStore.search(owner:attributes:after:limit:)`, in one read transaction.
     public func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
-        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
-            try store.search(owner: owner, attributes: attributes, after: cursor, limit: limit)
+        try snapshot { () throws(StoreError) in try store.search(owner: owner, attributes: attributes, after: cursor, limit: limit) }
+    }
+
+    /// One page of `VaultStore.auditEntries`, in one read transaction.
+    public func auditEntries(visibleTo uid: UInt32?, since: Int64?, item: (service: String, account: String)?,
+                             afterSeq: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView] {
+        try snapshot { () throws(StoreError) in
+            try store.auditEntries(visibleTo: uid, since: since, item: item, afterSeq: afterSeq, limit: limit)
         }
+    }
+
+    /// `VaultStore.auditSeq(uid:own:)`, in one read transaction.
+    public func auditSeq(uid: UInt32, own: Int64) throws(StoreError) -> Int64 {
+        try snapshot { () throws(StoreError) in try store.auditSeq(uid: uid, own: own) }
+    }
+
+    /// `VaultStore.verifyAudit(visibleTo:)` on one snapshot: entries committed meanwhile are
+    /// not part of it (the fast path then sees rows beyond the snapshot's head and leaves the
+    /// verdict to the sequential pass, which reads the snapshot).
+    public func verifyAudit(visibleTo uid: UInt32?) throws(StoreError) -> AuditVerifyAnswer {
+        try snapshot { () throws(StoreError) in try store.verifyAudit(visibleTo: uid) }
+    }
+
+    private func snapshot<R>(_ body: () throws(StoreError) -> R) throws(StoreError) -> R {
+        try store.db.readTransaction(mapError: StoreError.from, body)
     }
 
     /// Later lookups fail with `.closed`. The broker closes its readers before the writer, so the
@@ -60,14 +81,18 @@ public final class VaultReader {
     public func close() { store.close() }
 }
 
-/// Where a listing or a search is read page by page: a reader, or the writer when the broker
-/// has no reader.
-public protocol ItemPageSource {
+/// The reads a caller can make long (a listing, a search, the audit log and its check): the
+/// broker runs them on a reader of their own, or on the writer when it has no reader.
+public protocol LongReads {
     func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
     func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
+    func auditEntries(visibleTo uid: UInt32?, since: Int64?, item: (service: String, account: String)?,
+                      afterSeq: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView]
+    func auditSeq(uid: UInt32, own: Int64) throws(StoreError) -> Int64
+    func verifyAudit(visibleTo uid: UInt32?) throws(StoreError) -> AuditVerifyAnswer
 }
 
-extension VaultReader: ItemPageSource {}
-extension VaultStore: ItemPageSource {}
+extension VaultReader: LongReads {}
+extension VaultStore: LongReads {}
