@@ -344,9 +344,18 @@ extension Session {
         }
         // The reader's name is not asked here: the root broker keeps no D-Bus client (the CLI
         // asks fprintd itself, as the user).
-        let bound: Int = broker.withStore { store in
-            ((try? store.items(owner: caller.uid))?.items ?? []).filter { $0.access.policy.bindsBiometrySet }.count
-        }
+        // Counted page by page on the long-read reader, as `list` reads (a listing that cannot
+        // be read counts nothing, as before).
+        var bound = 0
+        var cursor: VaultStore.ItemPageCursor?
+        repeat {
+            let page = broker.longRead { [cursor] (source) throws(StoreError) in
+                try source.items(owner: caller.uid, after: cursor, limit: Self.itemsPerPage)
+            }
+            guard case .success(let found) = page else { bound = 0; break }
+            bound += found.items.filter { $0.access.policy.bindsBiometrySet }.count
+            cursor = found.next
+        } while cursor != nil
         r.count = UInt64(bound)
         guard broker.audit(event(request, .biometry, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
         return r
