@@ -35,6 +35,8 @@ public final class Broker: Sendable {
     let passwordHashing: PasswordHashStrength
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
+    /// One application-password sealing in flight per uid.
+    let sealing = SealingReservations()
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,

@@ -137,9 +137,12 @@ extension Session {
             }
             biometryState = digest.bytes
         }
-        // Argon2id for a new application password runs here, before the store is locked.
+        // Argon2id for a new application password runs here, before the store is locked; one
+        // per uid at a time, within the process's derivation slots.
         var sealingKey: AppPasswordKey?
         if let password = request.appPassword {
+            guard broker.sealing.reserve(caller.uid) else { return deny(request, op, item: existing, SealingReservations.busy) }
+            defer { broker.sealing.release(caller.uid) }
             do throws(StoreError) {
                 sealingKey = try AppPasswordKey.sealing(password: password, strength: broker.passwordHashing)
             } catch {

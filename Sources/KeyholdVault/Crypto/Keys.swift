@@ -221,12 +221,15 @@ public struct PasswordKey: SealingKey {
               p.salt.count == PasswordHashParameters.saltByteCount
         else { throw .malformed }
         let out = SecureBytes(count: SymmetricKeyBytes.byteCount)
-        let rc = out.withUnsafeMutableBytes { o in
-            password.withUnsafeBytes { pw in
-                p.salt.withUnsafeBufferPointer { salt in
-                    crypto_pwhash(o.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(o.count),
-                                  pw.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(pw.count),
-                                  salt.baseAddress!, p.opsLimit, Int(p.memLimit), p.algorithm)
+        // Bounded in number, so in memory (PasswordHashingSlots).
+        let rc = PasswordHashingSlots.shared.withSlot {
+            out.withUnsafeMutableBytes { o in
+                password.withUnsafeBytes { pw in
+                    p.salt.withUnsafeBufferPointer { salt in
+                        crypto_pwhash(o.baseAddress!.assumingMemoryBound(to: UInt8.self), UInt64(o.count),
+                                      pw.baseAddress!.assumingMemoryBound(to: CChar.self), UInt64(pw.count),
+                                      salt.baseAddress!, p.opsLimit, Int(p.memLimit), p.algorithm)
+                    }
                 }
             }
         }
