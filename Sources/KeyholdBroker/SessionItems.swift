@@ -241,8 +241,8 @@ extension Session {
         broker.gate.authorizeOwner(of: ref, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
     }
 
-    /// Metadata of the caller's items, read and sent page by page: the store is held only
-    /// while a page is read, and the client decodes one page while the next is read.
+    /// Metadata of the caller's items, read and sent page by page: the long-read reader is held
+    /// only while a page is read, and the client decodes one page while the next is read.
     func list(_ request: Request) -> Response {
         guard broker.audit(event(request, .list, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
         return sendPages(failure: "the item list could not be read") { source, cursor throws(StoreError) in
