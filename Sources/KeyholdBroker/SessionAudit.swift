@@ -23,9 +23,12 @@ extension Session {
             afterSeq = seq
         }
         var sent = 0
+        // A user's own number of the last entry sent: later pages and polls number on from it.
+        var ownAfter: Int64?
         while true {
-            let page = broker.longRead { (source) throws(StoreError) in
-                try source.auditEntries(visibleTo: visibleTo, since: request.since, item: filter, afterSeq: afterSeq, limit: 5000)
+            let page = broker.longRead { [afterSeq, ownAfter] (source) throws(StoreError) in
+                try source.auditEntries(visibleTo: visibleTo, since: request.since, item: filter, afterSeq: afterSeq,
+                                        ownAfter: ownAfter, limit: 5000)
             }
             guard case .success(let views) = page else { return Response(.auditUnavailable, detail: "the audit log could not be read") }
             var infos: [AuditEntryInfo] = []
@@ -43,7 +46,7 @@ extension Session {
                 guard send(batch) else { return Response(.ok) }
             }
             sent += infos.count
-            if let last = views.last { afterSeq = last.seq }
+            if let last = views.last { afterSeq = last.seq; ownAfter = last.ownSeq }
             if reachedUntil { break }
             if views.count == 5000 { continue }
             guard request.follow else { break }

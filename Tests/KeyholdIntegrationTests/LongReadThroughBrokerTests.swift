@@ -30,4 +30,34 @@ import KeyholdTestSupport
         let after = try vault.verifyAudit()
         #expect(after.verified && after.count >= reports.last!.count)
     }
+
+    /// A user's `audit --follow` numbers the entries it streams among their own, 1, 2, 3 …, with
+    /// no gap where others acted, across its polls (each poll numbers on from the last entry it
+    /// sent instead of reading the whole log again).
+    @Test func aUsersFollowNumbersAmongTheirOwnAcrossPolls() throws {
+        let user = try TestUser()
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "mine", "x"], stdin: [2], asUser: user.name).status == 0)
+        let log = b.directory + "/follow.out"
+        let follow = try SpawnedProcess.spawn("/usr/bin/setpriv", ["--reuid=\(user.name)", "--regid=\(user.name)", "--init-groups", "--",
+                                                                   TestPaths.keyhold, "--socket", b.socketPath, "audit", "--json", "--follow"],
+                                              environment: [:], log: log)
+        defer { follow.stop() }
+        func streamed() -> [Int] {
+            ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").split(separator: "\n").compactMap {
+                ((try? JSONSerialization.jsonObject(with: Data($0.utf8))) as? [String: Any])?["seq"] as? Int
+            }
+        }
+        func waitFor(_ count: Int) -> Bool {
+            for _ in 0..<600 where streamed().count < count { usleep(50_000) }
+            return streamed().count >= count
+        }
+        #expect(waitFor(2))  // the put and the follow's own audit read
+        for round in 0..<3 {
+            for i in 0..<5 { b.cli(["put", "root-\(round)-\(i)", "x"], stdin: [1]) }  // others act between
+            #expect(b.cli(["get", "mine", "x"], asUser: user.name).status == 0)
+            #expect(waitFor(3 + round), "round \(round): \(streamed())")
+        }
+        #expect(streamed() == [1, 2, 3, 4, 5], "\(streamed())")
+    }
 }

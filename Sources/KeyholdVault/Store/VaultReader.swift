@@ -54,9 +54,9 @@ public final class VaultReader {
 
     /// One page of `VaultStore.auditEntries`, in one read transaction.
     public func auditEntries(visibleTo uid: UInt32?, since: Int64?, item: (service: String, account: String)?,
-                             afterSeq: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView] {
+                             afterSeq: Int64?, ownAfter: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView] {
         try snapshot { () throws(StoreError) in
-            try store.auditEntries(visibleTo: uid, since: since, item: item, afterSeq: afterSeq, limit: limit)
+            try store.auditEntries(visibleTo: uid, since: since, item: item, afterSeq: afterSeq, ownAfter: ownAfter, limit: limit)
         }
     }
 
@@ -89,7 +89,7 @@ public protocol LongReads {
     func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
     func auditEntries(visibleTo uid: UInt32?, since: Int64?, item: (service: String, account: String)?,
-                      afterSeq: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView]
+                      afterSeq: Int64?, ownAfter: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView]
     func auditSeq(uid: UInt32, own: Int64) throws(StoreError) -> Int64
     func verifyAudit(visibleTo uid: UInt32?) throws(StoreError) -> AuditVerifyAnswer
 }
