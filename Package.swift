@@ -82,13 +82,13 @@ let package = Package(
         // Shared test fixtures (broker, private D-Bus + fprintd + virtual reader). Tests only.
         .target(name: "KeyholdTestSupport", dependencies: ["KeyholdCore"], path: "Tests/Support"),
 
-        .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault"]),
-        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol"]),
+        .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
+        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit, the release gate), against a real SQLite
         // vault; the gate through real libpam with keyhold-pam-helper.
         .testTarget(name: "KeyholdBrokerTests", dependencies: ["KeyholdBroker", "KeyholdCore", "KeyholdVault", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),
-        .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers"]),
+        .testTarget(name: "KeyholdCredentialHelpersTests", dependencies: ["KeyholdCredentialHelpers", "KeyholdTestSupport"]),
         // Against Debian's swtpm, started by the tests.
         .testTarget(name: "KeyholdTPMTests", dependencies: ["KeyholdTPM", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdAuthTests", dependencies: ["KeyholdAuth", "CPAM", "KeyholdCLI", "KeyholdTestSupport", "keyholdd", "keyhold-pam-helper"]),

@@ -371,7 +371,7 @@ import KeyholdTestSupport
         #expect(granted.method.factors == [.appPassword])
         // What is granted is the derived key, and it opens the item.
         let opened = vault.hold { try? $0.openSecret(item, appPassword: granted.appPassword) }
-        #expect(opened.map { Array($0.withUnsafeBytes { Array($0) }) } == Array("the secret".utf8))
+        expectSecret(opened.map { Array($0.withUnsafeBytes { Array($0) }) }, equals: Array("the secret".utf8))
         granted.wipe()
         #expect(right.prompts == [.appPassword])
         let wrong = Script(answers: ["guess"])

@@ -1,6 +1,7 @@
 import Foundation
 import KeyholdCore
 import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 @Suite struct AuditTests {
@@ -199,7 +200,7 @@ import Testing
         #expect(throws: StoreError.auditWriteFailed) {
             try faulty.replace(existing, with: NewItem(service: "s", account: "a"), secret: secret("z"), audit: record(.update))
         }
-        #expect(string(try faulty.openSecret(existing)) == "x")
+        try expectSecret(string(faulty.openSecret(existing)), equals: "x")
         #expect(throws: StoreError.auditWriteFailed) { try faulty.append(record(.get)) }
         faulty.close()
         try RawDatabase(dir.state + "/vault.db").exec("DROP TRIGGER audit_fault")

@@ -1,5 +1,6 @@
 import KeyholdCore
 import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 @Suite struct CryptoTests {
@@ -11,7 +12,7 @@ import Testing
             let box = SealedBox.seal(Array(text.utf8), using: key, authenticating: [1, 2, 3])
             #expect(box.combined.count == text.utf8.count + 40)
             let opened = try box.open(using: key, authenticating: [1, 2, 3])
-            #expect(string(opened) == text)
+            expectSecret(string(opened), equals: text)
         }
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 @testable import KeyholdCore
 @testable import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 /// kill -9 during a stream of writes loses nothing that was acknowledged.
@@ -60,7 +61,7 @@ import Testing
         #expect(try store.db.pragma("integrity_check") == "ok")
         for i in 0...acknowledged {
             let item = try #require(try store.item(owner: 1000, service: "svc", account: "a\(i)"), "acknowledged item \(i) lost")
-            #expect(string(try store.openSecret(item)) == "s\(i)")
+            try expectSecret(string(store.openSecret(item)), equals: "s\(i)")
         }
         // The chain is whole: the write in flight either landed with its entry or not at all.
         guard case .intact(let count) = try store.verifyAudit() else {

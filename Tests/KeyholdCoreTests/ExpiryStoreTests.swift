@@ -1,6 +1,7 @@
 import Foundation
 @testable import KeyholdCore
 @testable import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 /// Issue 10, item 4, in the store: an item's expiry is kept with it and authenticated; a vault
@@ -50,10 +51,10 @@ import Testing
         let upgraded = try openStore(dir)
         let item = try #require(try upgraded.item(owner: 1000, service: "svc", account: "acct"))
         #expect(item.expires == nil)
-        #expect(string(try upgraded.openSecret(item)) == "before")
+        try expectSecret(string(upgraded.openSecret(item)), equals: "before")
         let dated = try upgraded.replace(item, with: NewItem(service: "svc", account: "acct", expires: 7), secret: secret("after"),
                                          audit: record(.update))
         #expect(dated.expires == 7)
-        #expect(string(try upgraded.openSecret(dated)) == "after")
+        try expectSecret(string(upgraded.openSecret(dated)), equals: "after")
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 @testable import KeyholdCore
 @testable import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 /// A vault written before item generations (schema 1, boxes sealed without a generation)
@@ -38,12 +39,12 @@ import Testing
         let upgraded = try openStore(dir)
         let item = try #require(try upgraded.item(owner: 1000, service: "svc", account: "acct"))
         #expect(item.generation == 0)
-        #expect(string(try upgraded.openSecret(item)) == "legacy")
+        try expectSecret(string(upgraded.openSecret(item)), equals: "legacy")
         let replaced = try upgraded.replace(item, with: NewItem(service: "svc", account: "acct"), secret: secret("new"), audit: record(.update))
         #expect(replaced.generation == 1)
         upgraded.close()
         let reopened = try openStore(dir)
         let current = try #require(try reopened.item(owner: 1000, service: "svc", account: "acct"))
-        #expect(string(try reopened.openSecret(current)) == "new")
+        try expectSecret(string(reopened.openSecret(current)), equals: "new")
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import KeyholdCore
 import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 @Suite struct HostileRowTests {
@@ -31,7 +32,7 @@ import Testing
             _ = try store.openSecret(item)
         }
         let bystander = try #require(try store.item(owner: 1000, service: "svc", account: "bystander"))
-        #expect(string(try store.openSecret(bystander)) == "b")
+        try expectSecret(string(store.openSecret(bystander)), equals: "b")
         let listed = try store.items(owner: 1000)
         #expect(listed.items.map(\.account).contains("bystander"))
         // A listing opens only the attribute box: an edited secret, wrapped key or lookup still

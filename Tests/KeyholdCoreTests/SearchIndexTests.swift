@@ -1,6 +1,7 @@
 import Foundation
 @testable import KeyholdCore
 @testable import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 /// The attribute-pair search index (schema migration 4) on real SQLite files: a search returns
@@ -100,7 +101,7 @@ import Testing
         for (owner, account, value) in [(UInt32(1000), "ss:user=ann", "ann-secret"), (1000, "ss:user=bob", "bob-secret"),
                                          (1001, "ss:user=ann", "foreign-secret")] {
             let item = try #require(try reopened.item(owner: owner, service: "mail", account: account))
-            #expect(string(try reopened.openSecret(item)) == value)
+            try expectSecret(string(reopened.openSecret(item)), equals: value)
         }
         // The next write of an item restores its rows.
         let bobNow = try #require(try reopened.item(owner: 1000, service: "mail", account: "ss:user=bob"))

@@ -1,6 +1,7 @@
 import Foundation
 import KeyholdCore
 import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 /// Refusals at open, and an attacker editing the database file directly.
@@ -70,7 +71,7 @@ import Testing
         try Data(original).write(to: URL(fileURLWithPath: keyPath))
         #expect(chmod(keyPath, 0o600) == 0)
         let store = try openStore(dir)
-        #expect(string(try store.openSecret(#require(try store.item(owner: 1, service: "s", account: "a")))) == "x")
+        try expectSecret(string(store.openSecret(#require(try store.item(owner: 1, service: "s", account: "a")))), equals: "x")
     }
 
     @Test func refusesForeignAndNonSQLiteDatabaseFiles() throws {
@@ -143,7 +144,7 @@ import Testing
                 }
             } else {
                 let item = try #require(try store.item(owner: 1000, service: "svc", account: "acct\(i)"))
-                #expect(string(try store.openSecret(item)) == "secret-\(i)")
+                try expectSecret(string(store.openSecret(item)), equals: "secret-\(i)")
             }
         }
         let listed = try store.items(owner: 1000)

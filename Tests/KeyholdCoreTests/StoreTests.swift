@@ -1,6 +1,7 @@
 import Foundation
 import KeyholdCore
 import KeyholdVault
+import KeyholdTestSupport
 import Testing
 
 @Suite struct StoreTests {
@@ -14,7 +15,7 @@ import Testing
 
         let got = try #require(try store.item(owner: 1000, service: "svc", account: "alice"))
         #expect(got == added)
-        #expect(string(try store.openSecret(got)) == "tok-1")
+        try expectSecret(string(store.openSecret(got)), equals: "tok-1")
         #expect(try store.item(owner: 1000, service: "svc", account: "bob") == nil)
 
         var changed = item
@@ -24,15 +25,16 @@ import Testing
         #expect(replaced.id == added.id && replaced.createdAt == added.createdAt)
         let again = try #require(try store.item(owner: 1000, service: "svc", account: "alice"))
         #expect(again.label == "new label" && again.access == changed.access)
-        #expect(string(try store.openSecret(again)) == "tok-2")
+        try expectSecret(string(store.openSecret(again)), equals: "tok-2")
         // A handle read before the policy was tightened opens nothing: the decision made on it
         // (no authentication for `none`) does not cover the row as it is now.
         #expect(throws: StoreError.conflict) { try store.openSecret(got) }
         // Replaced under the same access, a stale handle opens the current row, never an old key.
         let sameAccess = try store.replace(again, with: changed, secret: secret("tok-3"), audit: record(.update))
-        #expect(string(try store.openSecret(again)) == "tok-3")
+        try expectSecret(string(store.openSecret(again)), equals: "tok-3")
         let opened = try store.openCurrentSecret(again)
-        #expect(string(opened.secret) == "tok-3" && opened.current.generation == sameAccess.generation)
+        expectSecret(string(opened.secret), equals: "tok-3")
+        #expect(opened.current.generation == sameAccess.generation)
 
         _ = try store.add(owner: 1000, NewItem(service: "svc2", account: "alice"), secret: secret(""), audit: record())
         let listed = try store.items(owner: 1000)
@@ -84,7 +86,7 @@ import Testing
         let odd = NewItem(service: "s'; DROP TABLE items; --\u{0}", account: "ü\u{1F511}")
         _ = try store.add(owner: 1, odd, secret: secret("odd"), audit: record())
         let found = try #require(try store.item(owner: 1, service: odd.service, account: odd.account))
-        #expect(string(try store.openSecret(found)) == "odd")
+        try expectSecret(string(store.openSecret(found)), equals: "odd")
         #expect(try store.item(owner: 1, service: "s'; DROP TABLE items; --", account: odd.account) == nil)
     }
 
@@ -99,8 +101,8 @@ import Testing
         // Another owner may use the same names; each sees only their own.
         let theirs = try store.add(owner: 1001, item, secret: secret("theirs"), audit: record(uid: 1001))
         #expect(mine.id != theirs.id)
-        #expect(string(try store.openSecret(#require(try store.item(owner: 1000, service: "svc", account: "acct")))) == "mine")
-        #expect(string(try store.openSecret(#require(try store.item(owner: 1001, service: "svc", account: "acct")))) == "theirs")
+        try expectSecret(string(store.openSecret(#require(try store.item(owner: 1000, service: "svc", account: "acct")))), equals: "mine")
+        try expectSecret(string(store.openSecret(#require(try store.item(owner: 1001, service: "svc", account: "acct")))), equals: "theirs")
         #expect(try store.items(owner: 1000).items.map(\.id) == [mine.id])
         #expect(try store.items(owner: 1001).items.map(\.id) == [theirs.id])
         #expect(try store.items(owner: 1002).items.isEmpty)
@@ -125,7 +127,7 @@ import Testing
         for i in 0..<5 {
             let item = try #require(try store.item(owner: 7, service: "svc", account: "a\(i)"))
             #expect(item.id == ids[i])
-            #expect(string(try store.openSecret(item)) == "s\(i)")
+            try expectSecret(string(store.openSecret(item)), equals: "s\(i)")
         }
         #expect(try store.lockout(uid: 7) == LockoutRecord(uid: 7, failures: 5, level: 2, lockedUntil: 123_456))
         #expect(try store.lockout(uid: 8) == LockoutRecord(uid: 8))
@@ -147,7 +149,7 @@ import Testing
         let got = try #require(try store.item(owner: 1, service: "bank", account: "me"))
         #expect(throws: StoreError.appPasswordRequired) { try store.openSecret(got) }
         #expect(throws: StoreError.appPasswordWrong) { try store.openSecret(got, appPassword: try openingKey(got, "open sesamE")) }
-        #expect(string(try store.openSecret(got, appPassword: try openingKey(got, "open sesame"))) == "vault-secret")
+        try expectSecret(string(store.openSecret(got, appPassword: openingKey(got, "open sesame"))), equals: "vault-secret")
         // A key made for other parameters (another salt: the item was sealed again since) is
         // neither right nor wrong: the caller asks again.
         #expect(throws: StoreError.conflict) { try store.openSecret(got, appPassword: try sealingKey("open sesame")) }
@@ -162,7 +164,7 @@ import Testing
         let added = try store.add(owner: 1, NewItem(service: "s", account: "a", access: access, biometryState: digest),
                                   secret: secret("x"), audit: record())
         #expect(try store.item(owner: 1, service: "s", account: "a")?.biometryState == digest)
-        #expect(string(try store.openSecret(added)) == "x")
+        try expectSecret(string(store.openSecret(added)), equals: "x")
         #expect(throws: StoreError.invalidItem) {
             try store.add(owner: 1, NewItem(service: "s", account: "b", access: access, biometryState: [1, 2]), secret: secret("x"), audit: record())
         }

@@ -3,6 +3,7 @@ import Glibc
 import Testing
 import KeyholdCore
 @testable import KeyholdCredentialHelpers
+import KeyholdTestSupport
 
 /// The helpers' only parsers of untrusted bytes: git's `key=value` lines and docker's JSON.
 /// Hostile input (NULs, huge values, broken syntax) is refused whole and the error text never
@@ -16,13 +17,15 @@ import KeyholdCore
         let c = try GitCredentialProtocol.parse(bytes(
             "protocol=https\r\nhost=git.example:8443\nwwwauth[]=Basic realm=x\ncapability[]=authtype\n=odd\npath=a/b.git\nusername=al=ice\npassword=p=w\npassword_expiry_utc=1700000000\noauth_refresh_token=rt\n\nusername=after-blank\n"))
         #expect(c.protocolName == "https" && c.host == "git.example:8443" && c.path == "a/b.git")
-        #expect(c.username == "al=ice" && text(c.password) == "p=w" && text(c.oauthRefreshToken) == "rt")
+        #expect(c.username == "al=ice")
+        expectSecret(text(c.password), equals: "p=w")
+        expectSecret(text(c.oauthRefreshToken), equals: "rt")
         #expect(c.passwordExpiryUTC == 1_700_000_000)
     }
 
     @Test func lastValueWinsAndURLDecomposes() throws {
         let c = try GitCredentialProtocol.parse(bytes("password=one\npassword=two\nurl=http://bob:ignored@127.0.0.1:9/r.git\n"))
-        #expect(text(c.password) == "two")
+        expectSecret(text(c.password), equals: "two")
         #expect(c.protocolName == "http" && c.host == "127.0.0.1:9" && c.username == "bob" && c.path == "r.git")
         #expect(throws: GitCredentialParseError.badURL(line: 1)) { try GitCredentialProtocol.parse(bytes("url=nohost\n")) }
     }
@@ -89,19 +92,23 @@ import KeyholdCore
         #expect(GitCredentialProtocol.reply(username: "a\npassword=x", password: bytes("pw"), expiry: nil, refreshToken: nil) == nil)
         #expect(GitCredentialProtocol.reply(username: "a", password: bytes("pw"), expiry: nil, refreshToken: bytes([0x61, 0])) == nil)
         let ok = try #require(GitCredentialProtocol.reply(username: "a", password: bytes("pw"), expiry: 5, refreshToken: bytes("rt")))
-        #expect(text(ok) == "username=a\npassword=pw\npassword_expiry_utc=5\noauth_refresh_token=rt\n")
+        expectSecret(text(ok), equals: "username=a\npassword=pw\npassword_expiry_utc=5\noauth_refresh_token=rt\n")
     }
 
     @Test func storedSecretRoundTripsPasswordAndRefreshToken() {
         let plain = CredentialMapping.gitCredential(fromSecret: CredentialMapping.gitSecret(password: bytes("pw"), refreshToken: nil))
-        #expect(text(plain.password) == "pw" && plain.refreshToken == nil)
+        expectSecret(text(plain.password), equals: "pw")
+        #expect(plain.refreshToken == nil)
         let blob = CredentialMapping.gitSecret(password: bytes("pw"), refreshToken: bytes("rt=1"))
         let both = CredentialMapping.gitCredential(fromSecret: blob)
-        #expect(text(both.password) == "pw" && text(both.refreshToken) == "rt=1" && both.expiry == nil)
+        expectSecret(text(both.password), equals: "pw")
+        expectSecret(text(both.refreshToken), equals: "rt=1")
+        #expect(both.expiry == nil)
         // A blob from before items had an expiry kept it in a line of its own: still read.
         let legacy = CredentialMapping.gitBlobMagic + Array("password=pw\npassword_expiry_utc=9\n".utf8)
         let expiring = CredentialMapping.gitCredential(fromSecret: SecureBytes(copying: legacy))
-        #expect(text(expiring.password) == "pw" && expiring.refreshToken == nil && expiring.expiry == 9)
+        expectSecret(text(expiring.password), equals: "pw")
+        #expect(expiring.refreshToken == nil && expiring.expiry == 9)
         #expect(CredentialMapping.gitService(protocolName: "https", host: "h:1", path: "r.git") == "git:https://h:1/r.git")
         #expect(CredentialMapping.expiry(fromLabel: CredentialMapping.gitLabel(expiry: 42)) == 42)
         #expect(CredentialMapping.expiry(fromLabel: "git credential") == nil)
@@ -118,7 +125,7 @@ import KeyholdCore
               "Username": "<token>", "Secret": "s\u00e9\ud83d\ude00\n\"\\/" , "Other": false }
             """#))
         #expect(c.serverURL == "https://r.example/v2/" && c.username == "<token>")
-        #expect(text(c.secret) == "sé😀\n\"\\/")
+        expectSecret(text(c.secret), equals: "sé😀\n\"\\/")
     }
 
     @Test func invalidJSONIsRefusedWithoutEchoingIt() {
@@ -164,7 +171,7 @@ import KeyholdCore
         let secret = bytes("a\"b\\c\u{1}\u{7f}d")
         let reply = DockerCredentialProtocol.reply(serverURL: "r\n", username: "<token>", secret: secret)
         let t = text(reply)
-        #expect(t == #"{"ServerURL":"r\u000a","Username":"<token>","Secret":"a\"b\\c\u0001\u007fd"}"# + "\n")
+        expectSecret(t, equals: #"{"ServerURL":"r\u000a","Username":"<token>","Secret":"a\"b\\c\u0001\u007fd"}"# + "\n")
         let back = try DockerCredentialProtocol.parseStore(reply)
         #expect(back.secret.constantTimeEquals(secret) && back.serverURL == "r\n")
         #expect(DockerCredentialProtocol.listReply([("a\"", "u")]) == #"{"a\"":"u"}"# + "\n")

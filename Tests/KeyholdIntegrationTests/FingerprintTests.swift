@@ -37,9 +37,11 @@ import KeyholdTestSupport
             #expect(b.cli(["state", "cur", "x"]).stdoutText == "requires-authentication\n")
 
             let any = try getWithScan(b, fp, ["any", "x"], print: "print-root")
-            #expect(any.status == 0 && any.stdoutText == "fp-any", "\(any.stderr)")
+            #expect(any.status == 0, "\(any.stderr)")
+            expectSecret(any.stdoutText, equals: "fp-any")
             let cur = try getWithScan(b, fp, ["cur", "x"], print: "print-root")
-            #expect(cur.status == 0 && cur.stdoutText == "fp-cur", "\(cur.stderr)")
+            #expect(cur.status == 0, "\(cur.stderr)")
+            expectSecret(cur.stdoutText, equals: "fp-cur")
             // pam_fprintd's own words reach the caller through the relay.
             #expect(cur.stderr.contains("finger"))
             #expect(auditJSON(b, "any/x").contains { $0["operation"] as? String == "get" && $0["method"] as? String == "fingerprint" })
@@ -68,7 +70,7 @@ import KeyholdTestSupport
             timed.start()
             #expect(fp.waitUntilFingerNeeded(timeout: 10))
             // While that caller waits for a finger, others are served.
-            for _ in 0..<5 { #expect(b.cli(["get", "open", "x"]).stdoutText == "open-value") }
+            for _ in 0..<5 { expectSecret(b.cli(["get", "open", "x"]).stdoutText, equals: "open-value") }
             while !timed.isFinished { usleep(50_000) }
             let r = try #require(result.value)
             #expect(r.status == 6 && r.stdout.isEmpty, "\(r.stderr)")
@@ -106,10 +108,10 @@ import KeyholdTestSupport
             // biometry-any keeps working across enrolment changes (the plain virtual reader
             // verifies the first enrolled finger by number: now the left thumb).
             let any = try getWithScan(b, fp, ["any", "x"], print: "print-thumb")
-            #expect(any.stdoutText == "fp-any", "\(any.stderr)")
+            expectSecret(any.stdoutText, equals: "fp-any", "\(any.stderr)")
             // An `or` with the passcode is not invalidated: the passcode alone still opens it.
             #expect(b.cli(["state", "alt", "x"]).stdoutText == "requires-authentication\n")
-            #expect(b.cli(["get", "alt", "x"], environment: ["KEYHOLD_ASKPASS": ask]).stdoutText == "fp-alt")
+            expectSecret(b.cli(["get", "alt", "x"], environment: ["KEYHOLD_ASKPASS": ask]).stdoutText, equals: "fp-alt")
             // The only way on is to store the item again.
             #expect(b.cli(["put", "cur", "x", "--update", "--policy", "biometry-current-set"], stdin: Array("fp-new".utf8),
                           environment: ["KEYHOLD_ASKPASS": ask]).status == 8)
@@ -132,13 +134,14 @@ import KeyholdTestSupport
             #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
             // With a finger enrolled, user-presence takes the fingerprint (no password asked).
             let byFinger = try getWithScan(b, fp, ["up", "x"], print: "print-root")
-            #expect(byFinger.stdoutText == "fp-up", "\(byFinger.stderr)")
+            expectSecret(byFinger.stdoutText, equals: "fp-up", "\(byFinger.stderr)")
             #expect(auditJSON(b, "up/x").last { $0["operation"] as? String == "get" }?["method"] as? String == "fingerprint", "\(byFinger.stderr) \(b.brokerLog)")
 
             try fp.deleteAll(user: "root")
             let ask = b.askpass(answering: password)
             let up = b.cli(["get", "up", "x"], environment: ["KEYHOLD_ASKPASS": ask])
-            #expect(up.status == 0 && up.stdoutText == "fp-up", "\(up.stderr)")
+            #expect(up.status == 0, "\(up.stderr)")
+            expectSecret(up.stdoutText, equals: "fp-up")
             #expect(auditJSON(b, "up/x").last { $0["operation"] as? String == "get" }?["method"] as? String == "password")
             let any = b.cli(["get", "any", "x"], environment: ["KEYHOLD_ASKPASS": ask])
             #expect(any.status == 6 && any.stderr.contains("no finger is enrolled"))
@@ -172,7 +175,7 @@ import KeyholdTestSupport
             }
             #expect(released)
             let again = try getWithScan(b, fp, ["any", "x"], print: "print-root")
-            #expect(again.stdoutText == "fp-any", "\(again.stderr)")
+            expectSecret(again.stdoutText, equals: "fp-any", "\(again.stderr)")
             #expect(auditJSON(b, "any/x").contains { $0["outcome"] as? String == "user-canceled" })
         }
     }

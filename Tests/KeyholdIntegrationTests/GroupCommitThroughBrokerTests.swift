@@ -45,7 +45,7 @@ import KeyholdTestSupport
         #expect(puts.count >= 64, "the burst did some work before the kill (\(puts.count) puts)")
         for account in puts {
             let s = try vault.secret(service: "burst", account: account)
-            #expect(String(decoding: s.withUnsafeBytes { Array($0) }, as: UTF8.self) == "value-\(account)")
+            expectSecret(String(decoding: s.withUnsafeBytes { Array($0) }, as: UTF8.self), equals: "value-\(account)")
             s.wipe()
         }
         var reasons = Set<String>()

@@ -43,7 +43,7 @@ extension HostileLocalUserTests {
         // A client that closes with its answer unread (the broker's next read sees a reset).
         _ = hostile(b, ["unread", "svc", "a"], as: user)
         // The broker has let that connection go once another request is answered after it.
-        #expect(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText == "kept-value")
+        expectSecret(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText, equals: "kept-value")
         #expect(auditEntries(b).contains { ($0["reason"] as? String) == "unread" && ($0["outcome"] as? String) == "ok" })
         let entries = auditEntries(b)
         for i in 0..<5 {
@@ -63,7 +63,7 @@ extension HostileLocalUserTests {
         #expect(r["first"] as? String == "ok" && r["second"] as? Int == Int(Outcome.usage.rawValue) && r["closed"] as? Bool == true, "\(r)")
         #expect(auditEntries(b).contains { ($0["operation"] as? String) == "invalid" && ($0["outcome"] as? String) == "usage" })
         // The item is intact.
-        #expect(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText == "kept-value")
+        expectSecret(b.cli(["get", "svc", "a"], asUser: user.name).stdoutText, equals: "kept-value")
     }
 
     /// The client library keeps one connection per `Vault` between requests, and opens a new
@@ -89,10 +89,10 @@ extension HostileLocalUserTests {
         try b.start()
         // The kept connection died with the old broker: the next request goes on a new one.
         let value = try vault.secret(service: "kept", account: "a")
-        #expect(value.withUnsafeBytes { Array($0) } == Array("v1".utf8))
+        expectSecret(value.withUnsafeBytes { Array($0) }, equals: Array("v1".utf8))
         value.wipe()
         try vault.update(SecureBytes(copying: Array("v2".utf8)), service: "kept", account: "a")
-        #expect(try vault.secret(service: "kept", account: "a").withUnsafeBytes { Array($0) } == Array("v2".utf8))
+        try expectSecret(vault.secret(service: "kept", account: "a").withUnsafeBytes { Array($0) }, equals: Array("v2".utf8))
     }
 }
 

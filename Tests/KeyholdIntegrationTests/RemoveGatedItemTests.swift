@@ -23,7 +23,7 @@ import KeyholdTestSupport
         #expect(cli(["rm", "github.com", "me", "--no-interaction"], askpass: right).status == 7)
         #expect(cli(["rm", "github.com", "me"], askpass: wrong).status == 6)
         #expect(cli(["put", "github.com", "me"], stdin: Array("attacker-token".utf8)).status == 4)
-        #expect(cli(["get", "github.com", "me"], askpass: right).stdoutText == "real-refresh-token")
+        expectSecret(cli(["get", "github.com", "me"], askpass: right).stdoutText, equals: "real-refresh-token")
 
         // An allowed-executable item: only that program may remove it.
         #expect(cli(["put", "pinned", "me", "--allow-exe", "/usr/bin/git"], stdin: Array("pinned-token".utf8)).status == 0)

@@ -77,7 +77,7 @@ import KeyholdTestSupport
         b.stop()
         b.extraArguments = ["--key-protector", "file", "--rollback-anchor", anchor]
         try b.start()
-        #expect(b.cli(["get", "revoked", "token"]).stdoutText == "old-token")
+        expectSecret(b.cli(["get", "revoked", "token"]).stdoutText, equals: "old-token")
         b.stop()
     }
 
@@ -98,7 +98,7 @@ import KeyholdTestSupport
         copy(b.directory + "/snapshot", b.stateDirectory)
         copy(outside + "/anchor-snapshot", anchor)
         try b.start()
-        #expect(b.cli(["get", "revoked", "token"]).stdoutText == "old-token")
+        expectSecret(b.cli(["get", "revoked", "token"]).stdoutText, equals: "old-token")
         b.stop()
     }
 

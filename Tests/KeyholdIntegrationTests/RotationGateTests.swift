@@ -25,7 +25,8 @@ import KeyholdTestSupport
 
         #expect(b.cli(["put", "mine", "x", "--allow-exe", TestPaths.keyhold], stdin: Array("old".utf8)).status == 0)
         let ok = b.cli(["rotate", "mine", "x", "--print"] + command)
-        #expect(ok.status == 0 && ok.stdoutText == "new", "\(ok.stderr)")
+        #expect(ok.status == 0, "\(ok.stderr)")
+        expectSecret(ok.stdoutText, equals: "new")
         #expect(generation(b, "mine") == 2)
     }
 
@@ -43,7 +44,8 @@ import KeyholdTestSupport
         #expect(r.stdoutText.contains("b:14"), "\(r.stdoutText) \(r.stderr)")
         #expect(r.stdoutText.contains("a:0"), "\(r.stdoutText) \(r.stderr)")
         #expect(!FileManager.default.fileExists(atPath: d + "/b-ran"), "the second rotate's command never ran")
-        #expect(b.cli(["get", "idp", "x"]).stdoutText == "from-a" && generation(b, "idp") == 2)
+        expectSecret(b.cli(["get", "idp", "x"]).stdoutText, equals: "from-a")
+        #expect(generation(b, "idp") == 2)
     }
 
     @Test func biometryCurrentSetRotateAfterEnrolmentChangeIsInvalidated() throws {

@@ -39,6 +39,6 @@ import KeyholdTestSupport
         #expect(got.status == 13, "\(got.stderr)")
         #expect(got.stdout.isEmpty)
         // The other item's row was put back unchanged (same generation): it still opens.
-        #expect(b.cli(["get", "other", "acct"]).stdoutText == "other-token")
+        expectSecret(b.cli(["get", "other", "acct"]).stdoutText, equals: "other-token")
     }
 }

@@ -15,21 +15,23 @@ import KeyholdTestSupport
         let b = try BrokerFixture()
         let vault = Vault(socketPath: b.socketPath)
         try vault.add(secret("gho_text-token"), service: "github.com", account: "alice", kind: .refreshToken)
-        #expect(bytes(try vault.secret(service: "github.com", account: "alice")) == Array("gho_text-token".utf8))
+        try expectSecret(bytes(vault.secret(service: "github.com", account: "alice")), equals: Array("gho_text-token".utf8))
 
         let binary = (0...255).map(UInt8.init) + [0, 0, 10, 13]
         #expect(b.cli(["put", "bin", "x"], stdin: binary).status == 0)
         let got = b.cli(["get", "bin", "x"])
-        #expect(got.status == 0 && got.stdout == binary && got.stderr.isEmpty)
+        #expect(got.status == 0 && got.stderr.isEmpty)
+        expectSecret(got.stdout, equals: binary)
 
         // An empty secret is accepted and read back as empty (documented in the README).
         #expect(b.cli(["put", "empty", "x"], stdin: []).status == 0)
         let empty = b.cli(["get", "empty", "x"])
-        #expect(empty.status == 0 && empty.stdout.isEmpty)
+        #expect(empty.status == 0)
+        expectSecret(empty.stdoutText, equals: "")
 
         let max = [UInt8](repeating: 0x41, count: Limits.maxSecretBytes)
         #expect(b.cli(["put", "max", "x"], stdin: max).status == 0)
-        #expect(b.cli(["get", "max", "x"]).stdout == max)
+        expectSecret(b.cli(["get", "max", "x"]).stdout, equals: max)
         let over = b.cli(["put", "over", "x"], stdin: max + [0x41])
         #expect(over.status == 2 && over.stderr.contains("65536-byte limit"))
         #expect(b.cli(["state", "over", "x"]).stdoutText == "not-found\n")
@@ -41,9 +43,9 @@ import KeyholdTestSupport
         let dup = b.cli(["put", "svc", "acct"], stdin: Array("two".utf8))
         #expect(dup.status == 4)
         #expect(dup.stderr.hasPrefix("keyhold: ") && dup.stderr.split(separator: "\n").count == 1)
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == "one")
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: "one")
         #expect(b.cli(["put", "svc", "acct", "--update", "--label", "second"], stdin: Array("two".utf8)).status == 0)
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == "two")
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: "two")
         #expect(b.cli(["ls"]).stdoutText.contains("second"))
         #expect(b.cli(["rm", "svc", "acct"]).status == 0)
         #expect(b.cli(["get", "svc", "acct"]).status == 3)
@@ -92,7 +94,7 @@ import KeyholdTestSupport
         try vault.add(secret("before-restart"), service: "s", account: "a")
         b.stop()
         try b.start()
-        #expect(bytes(try vault.secret(service: "s", account: "a")) == Array("before-restart".utf8))
+        try expectSecret(bytes(vault.secret(service: "s", account: "a")), equals: Array("before-restart".utf8))
 
         // A stream of puts; every acknowledged one must be there after kill -9.
         let acknowledged = Counter()
@@ -114,7 +116,7 @@ import KeyholdTestSupport
         #expect(try db.pragma("integrity_check") == "ok")
         db.close()
         for i in 0..<acked {
-            #expect(bytes(try vault.secret(service: "stream", account: "n\(i)")) == Array("value-\(i)".utf8))
+            try expectSecret(bytes(vault.secret(service: "stream", account: "n\(i)")), equals: Array("value-\(i)".utf8))
         }
         #expect(acked >= 50)
     }
@@ -176,9 +178,9 @@ import KeyholdTestSupport
             let o = b.cli(["get", "other", "acct"])
             #expect(o.status == 13 && o.stdout.isEmpty, "\(tamper) other: \(o.stderr)")
         } else {
-            #expect(b.cli(["get", "other", "acct"]).stdoutText == "secret-of-other")
+            expectSecret(b.cli(["get", "other", "acct"]).stdoutText, equals: "secret-of-other")
         }
-        #expect(b.cli(["get", "third", "acct"]).stdoutText == "secret-of-third")
+        expectSecret(b.cli(["get", "third", "acct"]).stdoutText, equals: "secret-of-third")
         // A damaged item can be removed by its owner and stored again; nothing else is touched.
         // Where its policy itself cannot be read (names or policy altered), after their password.
         if ["policy", "swap-lookup"].contains(tamper) {
@@ -189,8 +191,8 @@ import KeyholdTestSupport
         }
         #expect(b.cli(["state", "victim", "acct"]).stdoutText == "not-found\n")
         #expect(b.cli(["put", "victim", "acct"], stdin: Array("fresh".utf8)).status == 0)
-        #expect(b.cli(["get", "victim", "acct"]).stdoutText == "fresh")
-        #expect(b.cli(["get", "third", "acct"]).stdoutText == "secret-of-third")
+        expectSecret(b.cli(["get", "victim", "acct"]).stdoutText, equals: "fresh")
+        expectSecret(b.cli(["get", "third", "acct"]).stdoutText, equals: "secret-of-third")
     }
 
     @Test func nothingInPlaintextInTheStateDirectory() throws {
@@ -272,7 +274,7 @@ import KeyholdTestSupport
             // Either an error frame or a closed connection; never a crash.
             if !reply.isEmpty { #expect(reply.count >= 6) }
         }
-        #expect(b.cli(["get", "keep", "me"]).stdoutText == "intact")
+        expectSecret(b.cli(["get", "keep", "me"]).stdoutText, equals: "intact")
         #expect(b.process?.isRunning == true)
     }
 

@@ -25,20 +25,20 @@ import KeyholdTestSupport
         #expect(b.cli(["put", "svc", "acct"], stdin: Array(secret.utf8)).status == 0)
         b.stop()
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: secret)
         #expect(starts(b).last?.contains("key-protector=tpm pcrs=7,16") == true, "\(starts(b))")
         b.stop()
         // Without --tpm-pcrs the key is still the one bound to 7,16, and the audit says so.
         b.extraArguments = plain
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: secret)
         #expect(starts(b).last?.contains("key-protector=tpm pcrs=7,16") == true, "\(starts(b))")
         #expect(b.brokerLog.contains("sealed by this machine's TPM (bound to PCRs 7,16)"), "\(b.brokerLog)")
         b.stop()
         // Another list for an existing key is ignored, and the start-up line says so.
         b.extraArguments = plain + ["--tpm-pcrs", "7"]
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: secret)
         #expect(b.brokerLog.contains("--tpm-pcrs 7 is ignored: the key is already sealed"), "\(b.brokerLog)")
         b.stop()
         b.extraArguments = plain
@@ -62,7 +62,7 @@ import KeyholdTestSupport
         #expect(reset.status == 0, "\(reset.stderr)")
         #expect(pcr16(tpm) == before)
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: secret)
         b.stop()
     }
 }

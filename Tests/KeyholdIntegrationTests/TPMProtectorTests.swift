@@ -27,7 +27,7 @@ import KeyholdTestSupport
         #expect(b.cli(["put", "svc", "acct"], stdin: secret).status == 0)
         b.stop()
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdout == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdout, equals: secret)
         #expect(b.brokerLog.contains("key protector: tpm"))
         let status = b.cli(["status"])
         #expect(status.status == 0 && status.stdoutText == "key-protector=tpm rollback-detection=tpm-counter\n", "\(status.stdoutText)")
@@ -75,7 +75,7 @@ import KeyholdTestSupport
         #expect(files(b.stateDirectory).contains("vault.key.tpm") && !files(b.stateDirectory).contains("vault.key"))
         b.extraArguments = tpmArguments(tpm)
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdout == secret)
+        expectSecret(b.cli(["get", "svc", "acct"]).stdout, equals: secret)
         #expect(b.cli(["status"]).stdoutText.hasPrefix("key-protector=tpm "))
         b.stop()
         // No 8-byte window of the key in any file left in the state directory (db, WAL, blob).
@@ -117,14 +117,14 @@ import KeyholdTestSupport
                 let killed = runWithTimeout(TestPaths.keyholdd, migrate, environment: ["KEYHOLD_TEST_MIGRATION_KILL_AFTER": step], seconds: 60)
                 #expect(killed.status == 128 + SIGKILL, "\(target) after \(step): \(killed.status) \(killed.stderr)")
                 try b.start()
-                #expect(b.cli(["get", "svc", "acct"]).stdout == secret, "\(target) after \(step)")
+                expectSecret(b.cli(["get", "svc", "acct"]).stdout, equals: secret, "\(target) after \(step)")
                 b.stop()
                 let again = runWithTimeout(TestPaths.keyholdd, migrate, seconds: 60)
                 #expect(again.status == 0, "\(target) after \(step), again: \(again.stderr)")
                 let keyFiles = files(b.stateDirectory).filter { $0.hasPrefix("vault.key") }
                 #expect(keyFiles == [target == "tpm" ? "vault.key.tpm" : "vault.key"], "\(target) after \(step): \(keyFiles)")
                 try b.start()
-                #expect(b.cli(["get", "svc", "acct"]).stdout == secret, "\(target) after \(step), finished")
+                expectSecret(b.cli(["get", "svc", "acct"]).stdout, equals: secret, "\(target) after \(step), finished")
                 let audit = b.cli(["audit", "--json"]).stdoutText
                 #expect(audit.contains("key-protector-migrate") && audit.contains("to=\(target)"))
                 b.stop()
@@ -178,7 +178,7 @@ import KeyholdTestSupport
 
         // Reads only: the counter does not move, so this copy is still current.
         try b.start()
-        for _ in 0..<5 { #expect(b.cli(["get", "revoked", "token"]).stdoutText == "old-token") }
+        for _ in 0..<5 { expectSecret(b.cli(["get", "revoked", "token"]).stdoutText, equals: "old-token") }
         b.stop()
         copy(snapshot, b.stateDirectory)
         try b.start()
@@ -207,7 +207,7 @@ import KeyholdTestSupport
         b.stop()
         b.extraArguments = args(tpm)
         try b.start()
-        #expect(b.cli(["get", "revoked", "token"]).stdoutText == "old-token")
+        expectSecret(b.cli(["get", "revoked", "token"]).stdoutText, equals: "old-token")
         b.stop()
     }
 
@@ -229,7 +229,7 @@ import KeyholdTestSupport
         #expect(after == before + 1, "prune moved the counter from \(before) to \(after)")
         b.stop()
         try b.start()   // the pruned vault itself is current
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == "v")
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: "v")
         b.stop()
 
         copy(snapshot, b.stateDirectory)

@@ -59,7 +59,7 @@ import KeyholdTestSupport
         #expect(b.brokerLog.contains("nothing is served"))
         b.extraArguments = args(tpm) + ["--accept-rollback"]
         try b.start()
-        #expect(b.cli(["get", "svc", "acct"]).stdoutText == "value")
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: "value")
         b.stop()
     }
 
@@ -145,8 +145,8 @@ import KeyholdTestSupport
             #expect(throws: (any Error).self) { try b.start() }
             try tpm.start()
             try b.start()
-            #expect(b.cli(["get", "open", "x"]).stdoutText == openSecret, "\(op.name)")
-            #expect(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": right]).stdoutText == gatedSecret, "\(op.name)")
+            expectSecret(b.cli(["get", "open", "x"]).stdoutText, equals: openSecret, "\(op.name)")
+            expectSecret(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": right]).stdoutText, equals: gatedSecret, "\(op.name)")
             #expect(b.cli(["get", "new", "x"]).status == 3, "\(op.name)")
             b.stop()
         }

@@ -71,7 +71,7 @@ import KeyholdTestSupport
         let screen = tmux.screen
         #expect(!screen.contains("typed-secret-value") && !screen.contains("tty-password"), "echo must be off: \(screen)")
         #expect(screen.contains("ECHO-ON"), "terminal echo restored: \(screen)")
-        #expect(try String(contentsOfFile: out, encoding: .utf8) == "typed-secret-value")
+        try expectSecret(String(contentsOfFile: out, encoding: .utf8), equals: "typed-secret-value")
         // PAM was told the caller's terminal, as the broker read it from /proc.
         #expect(try String(contentsOfFile: items, encoding: .utf8).split(separator: "\n").contains { $0.hasPrefix("PAM_TTY=/dev/pts/") })
     }

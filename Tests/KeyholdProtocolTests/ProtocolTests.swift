@@ -2,6 +2,7 @@ import Glibc
 import Testing
 import KeyholdCore
 @testable import KeyholdProtocol
+import KeyholdTestSupport
 
 /// Everything a peer can send is decoded here; these tests feed it valid and hostile bytes.
 @Suite struct ProtocolTests {
@@ -27,8 +28,8 @@ import KeyholdCore
         guard case .request(let d) = try roundTrip(.request(r)) else { Issue.record("not a request"); return }
         #expect(d.operation == .put)
         #expect(d.item == r.item)
-        #expect(d.secret.map(bytes) == [0, 1, 2, 255])
-        #expect(d.appPassword.map(bytes) == Array("pw".utf8))
+        expectSecret(d.secret.map(bytes), equals: [0, 1, 2, 255])
+        expectSecret(d.appPassword.map(bytes), equals: Array("pw".utf8))
         #expect(d.label == "Läbel" && d.kind == .refreshToken && d.policy == r.policy)
         #expect(d.allowedExecutables == r.allowedExecutables && d.reuseSeconds == 300 && d.update)
         #expect(d.reason == "sync" && !d.allowInteraction && d.since == -5 && d.until == nil)
@@ -41,7 +42,7 @@ import KeyholdCore
         resp.secret = SecureBytes(copying: [9, 9])
         guard case .response(let r) = try BrokerMessage.decode(BrokerMessage.response(resp).encode()) else { Issue.record("no"); return }
         #expect(r.outcome == .lockedOut && r.detail == "wait" && r.secondsLeft == 60 && r.fingers == resp.fingers)
-        #expect(r.secret.map(bytes) == [9, 9])
+        expectSecret(r.secret.map(bytes), equals: [9, 9])
 
         let item = ItemInfo(id: "00", service: "s", account: "a", label: "", kind: .password, policy: "none",
                             allowedExecutables: ["/bin/x"], reuseSeconds: 5, createdAt: 1, updatedAt: 2)

@@ -19,9 +19,9 @@ import KeyholdTestSupport
         }
         // A search on the guest's behalf is refused: the guest learns no item, not even its path.
         let search = asGuest(["/usr/bin/secret-tool", "search", "--all", "service", "claim"])
-        #expect(!search.stdoutText.contains("mine") && !search.stdoutText.contains("ann"), "\(search.stdoutText)")
+        #expect(!search.stdoutText.contains("mine") && !search.stdoutText.contains("ann"), "\(search.stdout.count) bytes of output")
         let lookup = asGuest(["/usr/bin/secret-tool", "lookup", "service", "claim", "account", "ann"])
-        #expect(lookup.status != 0 && !lookup.stdoutText.contains("mine"), "guest read: \(lookup.stdoutText) \(lookup.stderr)")
+        #expect(lookup.status != 0 && !lookup.stdoutText.contains("mine"), "guest read: \(lookup.stdout.count) bytes, \(lookup.stderr)")
         // A guest that knows the item's path anyway (ids are not secret) asks for its secret directly.
         let id = try #require(f.cli(["ls", "--json"]).stdoutText.split(separator: "\n").compactMap { line -> String? in
             guard let d = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
@@ -41,7 +41,7 @@ import KeyholdTestSupport
             """.utf8))
         chmod(script, 0o644)
         let direct = asGuest(["/usr/bin/python3", script, "/org/freedesktop/secrets/collection/login/" + id])
-        #expect(direct.stdoutText.hasPrefix("error") && !direct.stdoutText.contains("mine"), "\(direct.stdoutText) \(direct.stderr)")
+        #expect(direct.stdoutText.hasPrefix("error") && !direct.stdoutText.contains("mine"), "\(direct.stdout.count) bytes of output, \(direct.stderr)")
 
         let audit = f.cli(["audit", "--json"])
         let rows = audit.stdoutText.split(separator: "\n")
@@ -56,6 +56,6 @@ import KeyholdTestSupport
                 "\(audit.stdoutText)")
         #expect(!rows.contains { $0.contains("\"operation\":\"invalid\"") }, "\(audit.stdoutText)")
         // The owner still reads it.
-        #expect(f.secretTool(["lookup", "service", "claim", "account", "ann"]).stdoutText == "mine")
+        expectSecret(f.secretTool(["lookup", "service", "claim", "account", "ann"]).stdoutText, equals: "mine")
     }
 }

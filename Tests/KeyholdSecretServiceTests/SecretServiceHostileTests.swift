@@ -76,7 +76,7 @@ import KeyholdTestSupport
         // The client is gone: its sessions went with it, and the agent still serves.
         #expect(f.agent?.isRunning == true)
         #expect(f.secretTool(["store", "--label=x", "service", "after", "account", "a"], stdin: "still").status == 0)
-        #expect(f.secretTool(["lookup", "service", "after", "account", "a"]).stdoutText == "still")
+        expectSecret(f.secretTool(["lookup", "service", "after", "account", "a"]).stdoutText, equals: "still")
         let again = f.python("""
             import secretstorage
             from jeepney import DBusAddress, new_method_call

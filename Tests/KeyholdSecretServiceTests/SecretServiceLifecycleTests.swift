@@ -17,7 +17,7 @@ import KeyholdTestSupport
         #expect(f.agent?.terminationStatus == 0)
         #expect(replacing.isRunning)
         #expect(f.secretTool(["store", "--label=x", "service", "s", "account", "a"], stdin: "v").status == 0)
-        #expect(f.secretTool(["lookup", "service", "s", "account", "a"]).stdoutText == "v")
+        expectSecret(f.secretTool(["lookup", "service", "s", "account", "a"]).stdoutText, equals: "v")
         replacing.terminate()
         #expect(replacing.waitForExit(seconds: 30) && replacing.terminationStatus == 0)
     }
@@ -54,7 +54,7 @@ import KeyholdTestSupport
         #expect(f.waitForName(false, attempts: 1))
         #expect(f.secretTool(["store", "--label=x", "service", "act", "account", "a"], stdin: "activated").status == 0)
         #expect(f.waitForName(true, attempts: 5))
-        #expect(f.secretTool(["lookup", "service", "act", "account", "a"]).stdoutText == "activated")
+        expectSecret(f.secretTool(["lookup", "service", "act", "account", "a"]).stdoutText, equals: "activated")
         let unit = try String(contentsOfFile: TestPaths.repository + "/systemd/keyhold-secret-service.service", encoding: .utf8)
         #expect(unit.contains("BusName=org.freedesktop.secrets") && unit.contains("ExecStart=/usr/local/bin/keyhold-secret-service"))
     }

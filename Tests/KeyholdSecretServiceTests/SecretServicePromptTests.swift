@@ -64,13 +64,15 @@ import KeyholdTestSupport
 
         // While A's askpass waits for the go-ahead, B searches and reads an open item.
         let lookup = f.secretTool(["lookup", "service", "open", "account", "bob"])
-        #expect(lookup.status == 0 && lookup.stdoutText == "open-secret", "\(lookup.stderr)")
+        #expect(lookup.status == 0, "\(lookup.stderr)")
+        expectSecret(lookup.stdoutText, equals: "open-secret")
         let search = f.python("""
             import secretstorage
             c = secretstorage.get_default_collection(secretstorage.dbus_init())
             print(sorted(i.get_secret() for i in c.search_items({"service": "open"})))
             """)
-        #expect(search.stdoutText.contains("[b'open-secret']"), "\(search.stdoutText) \(search.stderr)")
+        let foundOpen = search.stdoutText.contains("[b'open-secret']")
+        #expect(foundOpen, "\(search.stdout.count) bytes of output, \(search.stderr)")
         // B was answered before A's prompt got its answer.
         #expect(!exists(f.directory + "/askpass-answered"))
         #expect(!exists(out) && a.isRunning)
@@ -78,8 +80,8 @@ import KeyholdTestSupport
         _ = FileManager.default.createFile(atPath: f.directory + "/askpass-go", contents: nil)
         #expect(a.waitForExit(seconds: 120), "the unlocking client did not finish")
         let result = (try? String(contentsOfFile: out, encoding: .utf8)) ?? ""
-        #expect(result.contains("dismissed False"), "\(result) \(f.log("unlock.log"))")
-        #expect(result.contains("secret b'gated-secret'"), "\(result)")
+        let found = [result.contains("dismissed False"), result.contains("secret b'gated-secret'")]
+        #expect(found.allSatisfy { $0 }, "\(found), \(result.utf8.count) bytes of output, \(f.log("unlock.log"))")
     }
 
     @Test func aClientThatLeavesMidPromptLeavesNothingBehind() throws {
@@ -91,7 +93,7 @@ import KeyholdTestSupport
 
         // The agent keeps serving. It kills the abandoned prompt's askpass, and the broker
         // records the authentication as canceled (waited for, bounded): no grant.
-        #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
+        expectSecret(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText, equals: "open-secret")
         var audit = ""
         for _ in 0..<1500 where !audit.contains("user-canceled") {
             audit = f.cli(["audit", "--json", "--item", "gate/ann"]).stdoutText
@@ -111,7 +113,7 @@ import KeyholdTestSupport
             print("locked", it.is_locked())
             """)
         #expect(probe.stdoutText.contains("locked True"), "\(probe.stdoutText) \(probe.stderr)")
-        #expect(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText == "open-secret")
+        expectSecret(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText, equals: "open-secret")
     }
 
     /// Running prompts are bounded per client (2): a third Prompt() while two run is

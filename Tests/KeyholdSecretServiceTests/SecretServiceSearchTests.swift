@@ -9,11 +9,11 @@ import KeyholdTestSupport
 /// broker, agent, secret-tool and SQLite file: exactly the caller's matching items, never
 /// another user's, and an index edited while the broker is down never returns a wrong item.
 @Suite(.serialized) struct SecretServiceSearchTests {
-    /// Secrets `secret-tool search --all` printed, sorted.
-    static func secrets(_ r: CommandResult) -> [String] {
+    /// Secrets `secret-tool search --all` printed, sorted, each ending in a newline.
+    static func secrets(_ r: CommandResult) -> String {
         r.stdoutText.split(separator: "\n").compactMap { line in
             line.hasPrefix("secret = ") ? String(line.dropFirst("secret = ".count)) : nil
-        }.sorted()
+        }.sorted().map { $0 + "\n" }.joined()
     }
 
     /// (account, id) of each item `keyhold ls --json` shows the fixture's user.
@@ -43,19 +43,19 @@ import KeyholdTestSupport
         store(f, ["application", "app", "user", "ann", "kind", "chat"], "s-ann-chat")
         store(f, ["application", "other", "user", "ann"], "s-other")
         #expect(f.cli(["put", "bench", "acct-1"], stdin: "s-cli").status == 0)
-        #expect(Self.secrets(f.secretTool(["search", "--all", "application", "app"])) == ["s-ann-chat", "s-ann-mail", "s-bob-mail"])
-        #expect(Self.secrets(f.secretTool(["search", "--all", "user", "ann", "application", "app"])) == ["s-ann-chat", "s-ann-mail"])
-        #expect(Self.secrets(f.secretTool(["search", "--all", "user", "ann", "kind", "mail", "application", "app"])) == ["s-ann-mail"])
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "application", "app"])), equals: "s-ann-chat\ns-ann-mail\ns-bob-mail\n")
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "user", "ann", "application", "app"])), equals: "s-ann-chat\ns-ann-mail\n")
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "user", "ann", "kind", "mail", "application", "app"])), equals: "s-ann-mail\n")
         #expect(Self.secrets(f.secretTool(["search", "--all", "user", "carol"])).isEmpty)
         // A CLI item has the attributes service and account.
-        #expect(Self.secrets(f.secretTool(["search", "--all", "service", "bench"])) == ["s-cli"])
-        #expect(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).stdoutText == "s-cli")
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "service", "bench"])), equals: "s-cli\n")
+        expectSecret(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).stdoutText, equals: "s-cli")
         // Deleted through the CLI: gone from the agent's next search; put again: back.
         #expect(f.cli(["rm", "bench", "acct-1"]).status == 0)
         #expect(Self.secrets(f.secretTool(["search", "--all", "service", "bench"])).isEmpty)
         #expect(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).status != 0)
         #expect(f.cli(["put", "bench", "acct-1"], stdin: "s-cli-2").status == 0)
-        #expect(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).stdoutText == "s-cli-2")
+        expectSecret(f.secretTool(["lookup", "service", "bench", "account", "acct-1"]).stdoutText, equals: "s-cli-2")
         // Each search is one audit entry (as a listing is), naming no attribute.
         // The D-Bus sender is recorded as its claimed requester; the queried values are not.
         let audit = f.cli(["audit", "--json"]).stdoutText
@@ -77,10 +77,10 @@ import KeyholdTestSupport
         let ref = try AttributeMapping.reference(for: ["service": "mail", "user": "ann"])
         try root.add(SecureBytes(copying: Array("root-secret".utf8)), service: ref.service, account: ref.account)
 
-        #expect(Self.secrets(first.secretTool(["search", "--all", "user", "ann"])) == ["first-secret"])
-        #expect(Self.secrets(second.secretTool(["search", "--all", "user", "ann"])) == ["second-secret"])
-        #expect(first.secretTool(["lookup", "service", "mail", "user", "ann"]).stdoutText == "first-secret")
-        #expect(second.secretTool(["lookup", "service", "mail", "user", "ann"]).stdoutText == "second-secret")
+        expectSecret(Self.secrets(first.secretTool(["search", "--all", "user", "ann"])), equals: "first-secret\n")
+        expectSecret(Self.secrets(second.secretTool(["search", "--all", "user", "ann"])), equals: "second-secret\n")
+        expectSecret(first.secretTool(["lookup", "service", "mail", "user", "ann"]).stdoutText, equals: "first-secret")
+        expectSecret(second.secretTool(["lookup", "service", "mail", "user", "ann"]).stdoutText, equals: "second-secret")
         let mine = try root.search(attributes: ["user": "ann"])
         #expect(mine.count == 1 && mine[0].service == ref.service && mine[0].account == ref.account)
         #expect(try root.search(attributes: [:]).count == 1)
@@ -108,9 +108,9 @@ import KeyholdTestSupport
             INSERT INTO item_search (item_id, tag) SELECT x'\(foreignID)', tag FROM item_search WHERE item_id = x'\(annID)';
             """)
         try f.broker.start()
-        #expect(Self.secrets(f.secretTool(["search", "--all", "user", "ann"])) == ["ann-secret"])
-        #expect(Self.secrets(f.secretTool(["search", "--all", "service", "mail"])) == ["ann-secret"])  // bob's rows moved: hidden
-        #expect(Self.secrets(second.secretTool(["search", "--all", "user", "ann"])) == ["foreign-secret"])
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "user", "ann"])), equals: "ann-secret\n")
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "service", "mail"])), equals: "ann-secret\n")  // bob's rows moved: hidden
+        expectSecret(Self.secrets(second.secretTool(["search", "--all", "user", "ann"])), equals: "foreign-secret\n")
 
         // Every row deleted: searches find nothing; `keyhold ls` and reads by name still work.
         f.broker.stop()
@@ -122,10 +122,10 @@ import KeyholdTestSupport
         // The same names, read through the CLI: no secret lost.
         let annAccount = try #require(ids.first { $0.id == annID }?.account)
         let bobAccount = try #require(ids.first { $0.id == bobID }?.account)
-        #expect(f.cli(["get", "mail", annAccount]).stdoutText == "ann-secret")
-        #expect(f.cli(["get", "mail", bobAccount]).stdoutText == "bob-secret")
+        expectSecret(f.cli(["get", "mail", annAccount]).stdoutText, equals: "ann-secret")
+        expectSecret(f.cli(["get", "mail", bobAccount]).stdoutText, equals: "bob-secret")
         // Storing an item again writes its rows.
         store(f, ["service", "mail", "user", "bob"], "bob-secret-2")
-        #expect(Self.secrets(f.secretTool(["search", "--all", "user", "bob"])) == ["bob-secret-2"])
+        expectSecret(Self.secrets(f.secretTool(["search", "--all", "user", "bob"])), equals: "bob-secret-2\n")
     }
 }

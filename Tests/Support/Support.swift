@@ -1,5 +1,6 @@
 // Test support shared by the test targets: fixtures that start real services.
 import Foundation
+import Testing
 
 /// Runs `count` real threads at once (not GCD workers, whose pool is too small to block dozens
 /// at a time) and returns when all have finished.
@@ -27,4 +28,25 @@ public func restoreVaultRowsSQL(from snapshot: String) -> String {
     DELETE FROM audit_head; INSERT INTO audit_head SELECT * FROM old.audit_head;
     COMMIT;
     """
+}
+
+/// Expects `actual` to equal `expected`, two secrets: on a mismatch the issue names only their
+/// lengths ("missing" for nil), never a byte of either, where `#expect(a == b)` prints both.
+public func expectSecret(_ actual: (some Collection<UInt8>)?, equals expected: (some Collection<UInt8>)?,
+                         _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
+    let equal = switch (actual, expected) {
+    case (nil, nil): true
+    case let (actual?, expected?): actual.elementsEqual(expected)
+    default: false
+    }
+    if equal { return }
+    func length(_ bytes: (some Collection<UInt8>)?) -> String { bytes.map { "\($0.count) bytes" } ?? "missing" }
+    let note = comment.map { ": \($0.rawValue)" } ?? ""
+    Issue.record("the secret differs: \(length(actual)), expected \(length(expected))\(note)", sourceLocation: sourceLocation)
+}
+
+/// `expectSecret` on the UTF-8 bytes of two strings.
+public func expectSecret(_ actual: String?, equals expected: String?,
+                         _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
+    expectSecret(actual?.utf8, equals: expected?.utf8, comment, sourceLocation: sourceLocation)
 }
