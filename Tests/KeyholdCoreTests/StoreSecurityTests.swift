@@ -49,7 +49,7 @@ import Testing
         #expect(chmod(keyPath, 0o640) == 0)
         #expect(throws: StoreError.insecurePermissions(path: keyPath)) { try openStore(dir) }
         #expect(chmod(keyPath, 0o600) == 0)
-        #expect(fileBytes(keyPath) == original)
+        expectSecret(fileBytes(keyPath), equals: original)
 
         // Truncated key file: refused, left as it is.
         #expect(truncate(keyPath, 16) == 0)

@@ -167,7 +167,7 @@ import KeyholdTestSupport
         let before = stateBytes(b)
         try b.start()
         var counts: [String: Any] = [:]
-        let seconds = try Self.milliseconds {
+        let seconds = Self.milliseconds {
             counts = hostile(b, ["flood", "6", "8"], as: attacker)
         } / 1000
         // Root keeps being served and audited while the attacker floods.

@@ -222,7 +222,7 @@ import KeyholdTestSupport
         let count = b.directory + "/asked"
         func askpass(_ answer: String) -> String {
             let path = b.directory + "/askpass-\(answer)"
-            FileManager.default.createFile(atPath: path, contents: Data("#!/bin/sh\necho x >> \(count)\nprintf '%s\\n' '\(answer)'\n".utf8))
+            _ = FileManager.default.createFile(atPath: path, contents: Data("#!/bin/sh\necho x >> \(count)\nprintf '%s\\n' '\(answer)'\n".utf8))
             chmod(path, 0o755)
             return path
         }

@@ -222,7 +222,7 @@ import KeyholdTestSupport
         chmod(b.stateDirectory + "/vault.key", 0o644)
         #expect(runCommand(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--socket", b.directory + "/x.sock"]).status != 0)
         chmod(b.stateDirectory + "/vault.key", 0o600)
-        #expect(try Data(contentsOf: URL(fileURLWithPath: b.stateDirectory + "/vault.key")) == keyBefore)
+        expectSecret(try Data(contentsOf: URL(fileURLWithPath: b.stateDirectory + "/vault.key")), equals: keyBefore)
 
         let foreign = TestPaths.temporaryDirectory("khf")
         defer { try? FileManager.default.removeItem(atPath: foreign) }
