@@ -122,3 +122,29 @@ func contains(_ haystack: [UInt8], _ needle: [UInt8]) -> Bool {
     }
     return false
 }
+
+/// Whole listings and searches, read page by page as the broker reads them (only the tests want
+/// one array).
+extension VaultStore {
+    func items(owner: UInt32) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        try allPages { (cursor) throws(StoreError) in try items(owner: owner, after: cursor, limit: 10_000) }
+    }
+
+    func search(owner: UInt32, attributes query: [String: String]) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        try allPages { (cursor) throws(StoreError) in try search(owner: owner, attributes: query, after: cursor, limit: 10_000) }
+    }
+
+    private func allPages(_ page: (ItemPageCursor?) throws(StoreError) -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?))
+        throws(StoreError) -> (items: [StoredItem], damaged: Int) {
+        var all: [StoredItem] = []
+        var damaged = 0
+        var cursor: ItemPageCursor?
+        repeat {
+            let p = try page(cursor)
+            all += p.items
+            damaged += p.damaged
+            cursor = p.next
+        } while cursor != nil
+        return (all, damaged)
+    }
+}

@@ -22,29 +22,15 @@ extension VaultStore {
         return item
     }
 
-    /// Every item of `owner` (metadata only), in creation order (rowid: `replace` keeps it), and how many of the owner's
-    /// rows failed to open (damaged or altered; they are left out). One query, no per-row prepare.
-    public func items(owner: UInt32) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
-        var all: [StoredItem] = []
-        var damaged = 0
-        var cursor: ItemPageCursor?
-        repeat {
-            let page = try items(owner: owner, after: cursor, limit: 10_000)
-            all += page.items
-            damaged += page.damaged
-            cursor = page.next
-        } while cursor != nil
-        return (all, damaged)
-    }
-
     /// Where the next page of a listing starts (opaque to callers).
     public struct ItemPageCursor: Sendable, Equatable {
         let rowid: Int64
     }
 
-    /// One page of the owner's items in storage order, and the cursor of the next page (nil
-    /// at the end). Paging lets the broker send a long listing while it reads the rest, and
-    /// release the store between pages so other callers are not held up.
+    /// One page of the owner's items (metadata only) in creation order (rowid: `replace` keeps
+    /// it), the number of the page's rows that failed to open (damaged or altered; left out),
+    /// and the cursor of the next page (nil at the end). Paging lets the broker send a long
+    /// listing while it reads the rest, and let go of its reader between pages.
     public func items(owner: UInt32, after cursor: ItemPageCursor?, limit: Int) throws(StoreError)
         -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?) {
         var items: [StoredItem] = []

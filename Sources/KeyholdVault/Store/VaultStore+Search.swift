@@ -40,25 +40,11 @@ extension VaultStore {
         }
     }
 
-    /// The items of `owner` whose attribute map holds every pair of `query`, in creation order,
-    /// and how many candidate rows failed to open (damaged; left out). An empty query is every
-    /// item of the owner (`items(owner:)`).
-    public func search(owner: UInt32, attributes query: [String: String]) throws(StoreError) -> (items: [StoredItem], damaged: Int) {
-        var found: [StoredItem] = []
-        var damaged = 0
-        var cursor: ItemPageCursor?
-        repeat {
-            let page = try search(owner: owner, attributes: query, after: cursor, limit: 10_000)
-            found += page.items
-            damaged += page.damaged
-            cursor = page.next
-        } while cursor != nil
-        return (found, damaged)
-    }
-
-    /// One page of that search, from after `cursor`, and the cursor of the next page (nil at the
-    /// end); each page reads at most `limit` rows, so the broker can release the store between
-    /// pages whatever the query matches. A query with a rare pair is driven by that pair's index
+    /// One page of the items of `owner` whose attribute map holds every pair of `query`, in
+    /// creation order, from after `cursor`; how many candidate rows failed to open (damaged; left
+    /// out); and the cursor of the next page (nil at the end). An empty query is every item of
+    /// the owner. Each page reads at most `limit` rows, so the broker can let go of its reader
+    /// between pages whatever the query matches. A query with a rare pair is driven by that pair's index
     /// rows (one short page); one whose every pair is common walks the owner's items in order,
     /// checking each pair on the (item_id, tag) index. Each candidate is opened and matched
     /// exactly, and must be the owner's (its owner is bound into its boxes).
@@ -78,7 +64,7 @@ extension VaultStore {
         func has(_ i: Int, _ item: String) -> String {
             "EXISTS (SELECT 1 FROM item_search t WHERE t.item_id = \(item) AND t.tag = ?\(i + first))"
         }
-        // `candidate` is 1 for a row whose index rows hold every pair of the query.
+        // The last column is 1 for a row whose index rows hold every pair of the query.
         let sql = rare
             ? """
               SELECT \(Self.itemColumns), rowid, 1 FROM items WHERE owner_uid = ?1 AND rowid > ?2 AND id IN (
