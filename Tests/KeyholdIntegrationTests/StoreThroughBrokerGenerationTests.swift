@@ -37,7 +37,7 @@ import KeyholdTestSupport
         try b.start()
         let got = b.cli(["get", "victim", "acct", "--no-interaction"])
         #expect(got.status == 13, "\(got.stderr)")
-        #expect(got.stdout.isEmpty)
+        #expect(got.stdout.count == 0)
         // The other item's row was put back unchanged (same generation): it still opens.
         expectSecret(b.cli(["get", "other", "acct"]).stdoutText, equals: "other-token")
     }

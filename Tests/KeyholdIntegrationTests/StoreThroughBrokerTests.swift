@@ -171,7 +171,7 @@ import KeyholdTestSupport
         try b.start()
         let got = b.cli(["get", "victim", "acct", "--no-interaction"])
         #expect(got.status == 13, "\(tamper): \(got.stderr)")
-        #expect(got.stdout.isEmpty)
+        #expect(got.stdout.count == 0)
         #expect(got.stderr.contains("integrity"))
         if tamper.hasPrefix("swap") {
             // The other half of a swap fails too: never the wrong secret.
