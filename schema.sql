@@ -131,3 +131,10 @@ CREATE TABLE item_search (
 );
 CREATE INDEX item_search_tag ON item_search (tag);
 CREATE INDEX item_search_item ON item_search (item_id, tag);
+
+-- migrate:5
+
+-- A user's own audit entries by index (issue 8, item 9 numbers them among their own): a
+-- user's `keyhold audit`, its numbering, and `audit verify`'s count of their entries read
+-- that user's rows only, instead of every entry in the log.
+CREATE INDEX IF NOT EXISTS audit_uid ON audit (caller_uid, seq);

@@ -32,4 +32,19 @@ import Testing
         // Root's view has no own numbers, and ownAfter changes nothing there.
         #expect(try store.auditEntries(visibleTo: nil, afterSeq: 10, ownAfter: 3).map(\.seq) == Array(11...60))
     }
+
+    /// A user's entries are read through their index (migration 5), not by a scan of the log.
+    @Test func aUsersEntriesAreFoundByTheirIndex() throws {
+        let dir = TempDir()
+        let store = try openStore(dir)
+        for sql in ["SELECT count(*) FROM audit WHERE caller_uid = ?1",
+                    "SELECT seq, row_number() OVER (ORDER BY seq) FROM audit WHERE caller_uid = ?1"] {
+            let plan = try store.db.withStatement("EXPLAIN QUERY PLAN " + sql) { (s) throws(DatabaseError) -> String in
+                var lines = ""
+                while try s.step() { lines += s.text(3) + "\n" }
+                return lines
+            }
+            #expect(plan.contains("audit_uid"), "\(plan)")
+        }
+    }
 }

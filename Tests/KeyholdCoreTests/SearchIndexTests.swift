@@ -122,7 +122,7 @@ import Testing
         try RawDatabase(dir.state + "/vault.db").exec("\(Self.undoMigration4) PRAGMA user_version = 3;")
         let upgraded = try openStore(dir)
         let db = try RawDatabase(dir.state + "/vault.db")
-        #expect(try db.int("PRAGMA user_version") == 4)
+        #expect(try db.int("PRAGMA user_version") == Int64(VaultStore.schemaVersion))
         #expect(try db.int("SELECT count(*) FROM item_search") == 8)  // 3 + 2 + 3 pairs
         #expect(try db.int("SELECT count(*) FROM vault_meta WHERE name = 'search_index'") == 1)
         #expect(try upgraded.search(owner: 1000, attributes: ["application": "app"]).items.map(\.service) == ["mail"])
