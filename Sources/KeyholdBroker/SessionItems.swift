@@ -304,10 +304,6 @@ extension Session {
     func state(_ request: Request) -> Response {
         guard let ref = request.item else { return Response(.usage) }
         var r = Response(.ok)
-        switch broker.gate.lockoutLeft(uid: caller.uid, store: broker) {
-        case .success(let left): r.secondsLeft = left
-        case .failure(let d): return deny(request, .state, item: nil, d)
-        }
         switch lookup(ref) {
         case .failure(let d): return deny(request, .state, item: nil, d)
         case .success(nil):
@@ -316,6 +312,14 @@ extension Session {
             return r
         case .success(let item?):
             let availability = broker.gate.preview(item, caller: caller)
+            // The lockout matters only to an item a get would authenticate for (as `get`: an
+            // unreadable record refuses that one, never an item that needs no one).
+            if availability == .requiresAuthentication {
+                switch broker.gate.lockoutLeft(uid: caller.uid, store: broker) {
+                case .success(let left): r.secondsLeft = left
+                case .failure(let d): return deny(request, .state, item: item, d)
+                }
+            }
             r.state = availability.rawValue
             // Past its expiry the item is still released (the caller decides); `state` says so.
             if availability != .invalidated, let expires = item.expires, expires <= currentMicroseconds() { r.state = "expired" }

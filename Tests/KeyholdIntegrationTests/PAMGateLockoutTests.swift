@@ -128,6 +128,10 @@ import KeyholdTestSupport
         expectSecret(ungated.stdoutText, equals: "o")
         let listed = b.cli(["ls"]).stdoutText
         #expect(listed.contains("gated") && listed.contains("open"))
+        // `state` says so too: the ungated item is available, the gated one is refused (12).
+        let openState = b.cli(["state", "open", "x"])
+        #expect(openState.status == 0 && openState.stdoutText == "available\n", "\(openState.status) \(openState.stderr)")
+        #expect(b.cli(["state", "gated", "x"]).status == 12)
         let audit = b.cli(["audit", "--json", "--item", "gated/x"]).stdoutText.split(separator: "\n").filter { $0.contains("\"operation\":\"get\"") }
         #expect(audit.filter { $0.contains("\"outcome\":\"audit-unavailable\"") }.count == 3, "each refusal is audited")
         #expect(!audit.contains { $0.contains("\"granted\"") })
