@@ -119,8 +119,11 @@ extension HostileLocalUserTests {
                 let fd = accept(listener, nil, nil)
                 if fd < 0 { return }
                 _ = try? Frame.read(from: fd)
-                try? Frame.write(BrokerMessage.response(Response(.ok, detail: "key-protector=file")).encode(), to: fd)
+                // Counted before the answer goes out: once the client holds its last answer,
+                // the count must already include it (counted after, a loaded machine could
+                // show 1,999 of 2,000).
                 served.add(1, ordering: .relaxed)
+                try? Frame.write(BrokerMessage.response(Response(.ok, detail: "key-protector=file")).encode(), to: fd)
                 close(fd)  // one request per connection, unread bytes and all
             }
         }
