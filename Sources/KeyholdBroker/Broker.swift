@@ -51,7 +51,11 @@ public final class Broker: Sendable {
             refusal = error
             self.readers = ReaderPool()
         }
-        self.longReader = refusal == nil ? ((try? ReaderPool.open(count: 1, of: store)) ?? ReaderPool()) : ReaderPool()
+        var longRefused = false
+        do throws(StoreError) { self.longReader = refusal == nil ? try ReaderPool.open(count: 1, of: store) : ReaderPool() } catch {
+            longRefused = true
+            self.longReader = ReaderPool()
+        }
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
@@ -59,6 +63,7 @@ public final class Broker: Sendable {
             let why = refusal == .integrity ? "the file at the vault's path is not the one the broker opened" : "\(refusal)"
             log("no read-only connection to the vault (\(why)); lookups wait for the store lock")
         }
+        if longRefused { log("no read-only connection for long reads; lists, searches and audit reads hold the store lock") }
     }
 
     /// Read-only connections: one per core of the machines this is measured on (two).
