@@ -1,4 +1,3 @@
-import Synchronization
 import KeyholdCore
 import KeyholdVault
 
@@ -13,14 +12,14 @@ import KeyholdVault
 /// helper) still counts, and a record that cannot be read or written refuses the attempt
 /// instead of letting it through. Used by the release gate only.
 final class AuthenticationLedger: Sendable {
-    private let inFlight = Mutex<Set<UInt32>>([])
+    private let inFlight = InFlightUIDs()
 
     /// A second authentication of a uid while one is in flight: *busy*, nothing checked.
     static let inProgress = "another authentication of this user is in progress; try again when it ends"
     static let unrecorded = Denial(.auditUnavailable, "the failed-attempt count could not be recorded; nothing was checked")
 
     func reserve(uid: UInt32, store: any LockoutStore, now: Int64) -> Result<AuthenticationAttempt, Denial> {
-        guard inFlight.withLock({ $0.insert(uid).inserted }) else {
+        guard inFlight.reserve(uid) else {
             return .failure(Denial(.busy, Self.inProgress))
         }
         // From here the slot is the attempt's: released when it goes away, whatever happens.
@@ -36,7 +35,7 @@ final class AuthenticationLedger: Sendable {
     }
 
     fileprivate func release(_ uid: UInt32) {
-        inFlight.withLock { _ = $0.remove(uid) }
+        inFlight.release(uid)
     }
 }
 

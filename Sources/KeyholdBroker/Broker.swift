@@ -36,7 +36,7 @@ public final class Broker: Sendable {
     /// Concurrent callers' audit entries (and the changes they belong to) share one commit.
     let group = GroupCommit()
     /// One application-password sealing in flight per uid.
-    let sealing = SealingReservations()
+    let sealing = InFlightUIDs()
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
@@ -75,13 +75,19 @@ public final class Broker: Sendable {
     /// seen (RollbackWatch.swift) or the store closed, the answer is the closed store's.
     func readItem(owner: UInt32, _ ref: ItemReference) -> Result<StoredItem?, Denial>? {
         readers.withReader { reader in
-            guard rollbackRefusal.withLock({ $0 == nil }) else { return .failure(Denial(StoreError.closed.outcome)) }
+            if let refused = readerRefusal { return .failure(refused) }
             do throws(StoreError) {
                 return .success(try reader.item(owner: owner, service: ref.service, account: ref.account))
             } catch {
                 return .failure(Denial(error.outcome))
             }
         }
+    }
+
+    /// What every reader answers once a rollback was seen (RollbackWatch.swift): the closed
+    /// store's answer, as the writer path gives; nil while none was.
+    private var readerRefusal: Denial? {
+        rollbackRefusal.withLock { $0 == nil } ? nil : Denial(StoreError.closed.outcome)
     }
 
     /// `read` on the long-read reader; on the writer, under the store lock, when there is none.
@@ -91,7 +97,7 @@ public final class Broker: Sendable {
             do throws(StoreError) { return .success(try read(source)) } catch { return .failure(Denial(error.outcome)) }
         }
         if let page = longReader.withReader({ reader -> Result<R, Denial> in
-            guard rollbackRefusal.withLock({ $0 == nil }) else { return .failure(Denial(StoreError.closed.outcome)) }
+            if let refused = readerRefusal { return .failure(refused) }
             return run(reader)
         }) {
             return page

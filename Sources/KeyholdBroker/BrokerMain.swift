@@ -45,7 +45,8 @@ public enum BrokerMain {
                                         keyProtector: KeyProtectorSetup.protector(protector, options))
         } catch {
             // The exit status is the reason's outcome, as for the CLI: a key the TPM will not
-            // unseal here (another TPM, changed PCRs) or an altered vault is integrity (13).
+            // unseal here (another TPM, a cleared one, changed PCRs) or a database swapped while
+            // it was opened is integrity (13).
             fail("cannot open the vault in \(options.stateDirectory): \(error)", code: Int32(error.outcome.rawValue))
         }
         // The rollback checks see the head as it was found: an entry written first would move a

@@ -141,7 +141,7 @@ extension Session {
         // per uid at a time, within the process's derivation slots.
         var sealingKey: AppPasswordKey?
         if let password = request.appPassword {
-            guard broker.sealing.reserve(caller.uid) else { return deny(request, op, item: existing, SealingReservations.busy) }
+            guard broker.sealing.reserve(caller.uid) else { return deny(request, op, item: existing, Self.sealingBusy) }
             defer { broker.sealing.release(caller.uid) }
             do throws(StoreError) {
                 sealingKey = try AppPasswordKey.sealing(password: password, strength: broker.passwordHashing)
@@ -259,6 +259,8 @@ extension Session {
             try source.search(owner: caller.uid, attributes: request.searchAttributes, after: cursor, limit: Self.itemsPerPage)
         }
     }
+
+    static let sealingBusy = Denial(.busy, "another item of this user is being sealed under an application password; try again when it ends")
 
     /// Rows read per page by `list` and `search`. Pages run on the long-read reader
     /// (`Broker.longRead`), which is let go between pages, so other callers' long reads
