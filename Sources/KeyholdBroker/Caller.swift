@@ -33,19 +33,19 @@ struct Caller: Sendable {
     let pid: Int32
     /// `/proc/PID/exe` of the sender, read after its request arrived; "?" when unreadable.
     let executable: String
-    /// Login session (`getsid`), which scopes authentication reuse windows; -1 if unknown.
-    let sessionID: Int32
-    /// Start time of the sender (clock ticks after boot); with `pid`, one process. 0 if unknown.
-    var startTime: UInt64 = 0
-    /// PAM_TTY, from what the broker could verify about the caller's session.
-    let tty: String?
-    /// The passwd name and PAM_RHOST, read when first asked for (only PAM and biometry need
-    /// them): a `policy none` get skips the passwd lookup and the /proc walk up to sshd.
+    /// What only a gated release needs (session, terminal, start time, account name, remote
+    /// host), read when first asked for: a `policy none` get reads none of it.
     private let onDemand: CallerOnDemand
+    /// Login session (`getsid`), which scopes authentication reuse windows; -1 if unknown.
+    var sessionID: Int32 { onDemand.process.facts?.sessionID ?? -1 }
+    /// Start time of the sender (clock ticks after boot); with `pid`, one process. 0 if unknown.
+    var startTime: UInt64 { onDemand.process.facts?.startTime ?? 0 }
+    /// PAM_TTY, from what the broker could verify about the caller's session.
+    var tty: String? { onDemand.process.facts?.tty }
     /// passwd name of `uid`; nil when the uid has no passwd entry (no PAM possible).
     var userName: String? { onDemand.userName }
     /// nil for a local caller; "remote" when the sender's ancestry can no longer be read.
-    var remoteHost: String? { onDemand.remoteHost }
+    var remoteHost: String? { onDemand.process.remoteHost }
     /// The connection this request came on, and its peer.
     var socket: Int32 = -1
     var peer: Peer?
@@ -64,17 +64,15 @@ struct Caller: Sendable {
         } else {
             pid = senders[0].pid
         }
-        // A pidfd taken before /proc is read: if it is still alive afterwards, the facts are this process's.
-        let pidfd = ckh_pidfd_open(pid)
-        defer { if pidfd >= 0 { close(pidfd) } }
-        let facts = CallerFacts.readLocal(pid: pid)
-        if pidfd < 0 || ckh_pidfd_alive(pidfd) != 1 { problem = problem ?? "the sender exited before it could be identified" }
-        var caller = Caller(uid: peer.uid, pid: pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
-                            tty: facts?.tty, onDemand: CallerOnDemand(uid: peer.uid, facts: facts))
+        // A pidfd taken before /proc is read: if it is still alive afterwards, the executable is this process's.
+        let process = SenderProcess(pid: pid)
+        let executable = CallerFacts.readExecutable(pid: pid)
+        if !process.confirmArrival() { problem = problem ?? "the sender exited before it could be identified" }
+        var caller = Caller(uid: peer.uid, pid: pid, executable: executable ?? "?",
+                            onDemand: CallerOnDemand(uid: peer.uid, process: process))
         caller.socket = fd
         caller.peer = peer
         caller.identityProblem = problem
-        caller.startTime = facts?.startTime ?? 0
         return caller
     }
 
@@ -82,9 +80,7 @@ struct Caller: Sendable {
     /// request refused because another user than the one that connected sent it names that
     /// user, as it already names that process and executable.
     func sentBy(uid sender: UInt32) -> Caller {
-        var c = Caller(uid: sender, pid: pid, executable: executable, sessionID: sessionID, tty: tty,
-                       onDemand: CallerOnDemand(uid: sender, facts: nil))
-        c.startTime = startTime
+        var c = Caller(uid: sender, pid: pid, executable: executable, onDemand: CallerOnDemand(uid: sender, process: onDemand.process))
         c.socket = socket
         c.peer = peer
         c.identityProblem = identityProblem
@@ -93,9 +89,11 @@ struct Caller: Sendable {
 
     /// The peer alone, for a connection whose request could not be read.
     static func identify(socket fd: Int32, peer: Peer) -> Caller {
-        let facts = CallerFacts.readLocal(pid: peer.pid)
-        var caller = Caller(uid: peer.uid, pid: peer.pid, executable: facts?.executable ?? "?", sessionID: facts?.sessionID ?? -1,
-                            tty: facts?.tty, onDemand: CallerOnDemand(uid: peer.uid, facts: facts))
+        let process = SenderProcess(pid: peer.pid)
+        let executable = CallerFacts.readExecutable(pid: peer.pid)
+        _ = process.confirmArrival()
+        var caller = Caller(uid: peer.uid, pid: peer.pid, executable: executable ?? "?",
+                            onDemand: CallerOnDemand(uid: peer.uid, process: process))
         caller.socket = fd
         caller.peer = peer
         caller.identityProblem = "the request could not be read"
@@ -133,35 +131,87 @@ struct Caller: Sendable {
     }
 }
 
-/// What a caller's request needs only for PAM, read once on first use. The sshd walk then
-/// checks that the pid still names the process identified on arrival (its start time) and
-/// otherwise reports the caller as remote, which only restricts it.
+/// The caller's account name, read once on first use (only PAM and biometry need it), and
+/// the sending process's facts beyond its executable.
 final class CallerOnDemand: Sendable {
-    private struct State { var userName: String??; var remoteHost: String?? }
     private let uid: UInt32
-    private let facts: CallerFacts?
-    private let state = Mutex(State())
+    let process: SenderProcess
+    private let userNameRead = Mutex<String??>(nil)
 
-    init(uid: UInt32, facts: CallerFacts?) {
+    init(uid: UInt32, process: SenderProcess) {
         self.uid = uid
-        self.facts = facts
-    }
-
-    fileprivate func preset(userName: String?, remoteHost: String?) {
-        state.withLock { $0 = State(userName: .some(userName), remoteHost: .some(remoteHost)) }
+        self.process = process
     }
 
     var userName: String? {
-        if let known = state.withLock({ $0.userName }) { return known }
+        if let known = userNameRead.withLock({ $0 }) { return known }
         let name = CallerAccount.lookup(uid: uid)?.name
-        state.withLock { $0.userName = .some(name) }
+        userNameRead.withLock { $0 = .some(name) }
         return name
     }
+}
 
+/// The process that sent a request, and what `/proc/PID/stat` says of it (session, terminal,
+/// start time) and its sshd ancestry, each read when first asked for: only a reuse window or
+/// PAM needs them, so a `policy none` get does not pay for the stat read.
+/// A pidfd taken on arrival, before the executable was read, is kept until the request is done:
+/// facts read later are that same process's while it is alive, and unknown once it has exited
+/// (no session: no reuse window; no terminal), which only restricts it.
+final class SenderProcess: Sendable {
+    /// What the stat line gave; `read` is kept for the sshd walk, which compares its start time.
+    struct Facts: Sendable {
+        var sessionID: Int32
+        var startTime: UInt64
+        var tty: String?
+        fileprivate var read: CallerFacts?
+    }
+    private struct State { var facts: Facts??; var remoteHost: String?? }
+    let pid: Int32
+    /// -1 when none could be opened, or for facts given (the gate's unit tests).
+    private let pidfd: Int32
+    private let state: Mutex<State>
+
+    init(pid: Int32) {
+        self.pid = pid
+        pidfd = ckh_pidfd_open(pid)
+        state = Mutex(State())
+    }
+
+    /// Facts already known (the release gate's unit tests).
+    init(pid: Int32, known facts: Facts?, remoteHost: String?) {
+        self.pid = pid
+        pidfd = -1
+        state = Mutex(State(facts: .some(facts), remoteHost: .some(remoteHost)))
+    }
+
+    deinit { if pidfd >= 0 { close(pidfd) } }
+
+    private var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }
+
+    /// Whether the sender was still alive once its executable was read. If not, its facts are
+    /// unknown and it counts as local (what PAM is told when nothing about it could be read).
+    func confirmArrival() -> Bool {
+        guard isAlive else {
+            state.withLock { $0 = State(facts: .some(nil), remoteHost: .some(nil)) }
+            return false
+        }
+        return true
+    }
+
+    /// Read once; nil when the process has exited (or /proc cannot be read).
+    var facts: Facts? {
+        if let known = state.withLock({ $0.facts }) { return known }
+        let read = CallerFacts.readLocal(pid: pid)
+        let facts = isAlive ? read.map { Facts(sessionID: $0.sessionID, startTime: $0.startTime, tty: $0.tty, read: $0) } : nil
+        state.withLock { $0.facts = .some(facts) }
+        return facts
+    }
+
+    /// PAM_RHOST, read once. The sshd walk checks that the pid still names the process read
+    /// (its start time); otherwise, or when the process has gone, it is "remote".
     var remoteHost: String? {
         if let known = state.withLock({ $0.remoteHost }) { return known }
-        // Unknown facts (the sender was gone on arrival) were local before; stay so.
-        let host = facts.flatMap { CallerFacts.remoteSession(of: $0)?.host }
+        let host = facts.map { f in f.read.flatMap { CallerFacts.remoteSession(of: $0)?.host } } ?? "remote"
         state.withLock { $0.remoteHost = .some(host) }
         return host
     }
@@ -196,16 +246,18 @@ struct IdentityProblem: Error {
 }
 
 extension Caller {
-    /// A caller whose account facts are already known (the release gate's unit tests).
-    init(uid: UInt32, pid: Int32, executable: String, sessionID: Int32, userName: String?, tty: String?, remoteHost: String?) {
-        self.init(uid: uid, pid: pid, executable: executable, sessionID: sessionID, tty: tty,
-                  onDemand: CallerOnDemand(uid: uid, knownUserName: userName, remoteHost: remoteHost))
+    /// A caller whose facts are already known (the release gate's unit tests).
+    init(uid: UInt32, pid: Int32, executable: String, sessionID: Int32, startTime: UInt64 = 0, userName: String?,
+         tty: String?, remoteHost: String?) {
+        let facts = SenderProcess.Facts(sessionID: sessionID, startTime: startTime, tty: tty)
+        let process = SenderProcess(pid: pid, known: sessionID < 0 ? nil : facts, remoteHost: remoteHost)
+        self.init(uid: uid, pid: pid, executable: executable, onDemand: CallerOnDemand(uid: uid, knownUserName: userName, process: process))
     }
 }
 
 extension CallerOnDemand {
-    convenience init(uid: UInt32, knownUserName: String?, remoteHost: String?) {
-        self.init(uid: uid, facts: nil)
-        preset(userName: knownUserName, remoteHost: remoteHost)
+    convenience init(uid: UInt32, knownUserName: String?, process: SenderProcess) {
+        self.init(uid: uid, process: process)
+        userNameRead.withLock { $0 = .some(knownUserName) }
     }
 }

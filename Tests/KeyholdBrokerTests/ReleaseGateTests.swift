@@ -109,8 +109,7 @@ import KeyholdTestSupport
 
     static func caller(session: Int32 = 77, pid: Int32 = getpid(), startTime: UInt64 = 4242, socket: Int32 = -1, peer: Peer? = nil) -> Caller {
         var c = Caller(uid: uid, pid: pid, executable: CallerFacts.readExecutable(pid: getpid()) ?? "?", sessionID: session,
-                       userName: "gate-test-user", tty: nil, remoteHost: nil)
-        c.startTime = startTime
+                       startTime: startTime, userName: "gate-test-user", tty: nil, remoteHost: nil)
         c.socket = socket
         c.peer = peer
         return c
@@ -215,8 +214,7 @@ import KeyholdTestSupport
         // Nor the program that process execs into: same pid and start time, another executable.
         var execed = inSessionZero(pid: 500, startTime: 9000)
         execed = Caller(uid: execed.uid, pid: 500, executable: "/usr/bin/another-program", sessionID: 0,
-                        userName: "gate-test-user", tty: nil, remoteHost: nil)
-        execed.startTime = 9000
+                        startTime: 9000, userName: "gate-test-user", tty: nil, remoteHost: nil)
         execed.peer = Peer(fd: -1, pid: 500, uid: Self.uid)
         #expect(gate.preview(item, caller: execed) == .requiresAuthentication)
         #expect(gate.preview(item, caller: inSessionZero(pid: 500, startTime: 9000)) == .available, "the same program keeps it")
@@ -263,8 +261,7 @@ import KeyholdTestSupport
         #expect(gate.preview(item, caller: Self.caller()) == .available)
         func asOther(session: Int32) -> Caller {
             var c = Caller(uid: Self.uid + 1, pid: getpid(), executable: Self.caller().executable, sessionID: session,
-                           userName: "gate-test-other", tty: nil, remoteHost: nil)
-            c.startTime = 4242
+                           startTime: 4242, userName: "gate-test-other", tty: nil, remoteHost: nil)
             c.peer = Peer(fd: -1, pid: getpid(), uid: Self.uid + 1)
             return c
         }
