@@ -37,6 +37,8 @@ public final class Broker: Sendable {
     let group = GroupCommit()
     /// One application-password sealing in flight per uid.
     let sealing = InFlightUIDs()
+    /// `audit verify`: a reader of its own per verify, bounded (AuditVerifyReaders.swift).
+    let verifyReaders: AuditVerifyReaders
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
@@ -56,14 +58,17 @@ public final class Broker: Sendable {
             longRefused = true
             self.longReader = ReaderPool()
         }
+        self.verifyReaders = AuditVerifyReaders(store.readerSeed)
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
-        if let refusal {
-            let why = refusal == .integrity ? "the file at the vault's path is not the one the broker opened" : "\(refusal)"
-            log("no read-only connection to the vault (\(why)); lookups wait for the store lock")
-        }
-        if longRefused { log("no read-only connection for long reads; lists, searches and audit reads hold the store lock") }
+        if let refusal { log("no read-only connection to the vault (\(Self.why(refusal))); lookups wait for the store lock") }
+        if longRefused { log("no read-only connection for long reads; lists, searches and audit pages hold the store lock") }
+    }
+
+    /// Why a reader was not opened, for the log.
+    static func why(_ refusal: StoreError) -> String {
+        refusal == .integrity ? "the file at the vault's path is not the one the broker opened" : "\(refusal)"
     }
 
     /// Read-only connections: one per core of the machines this is measured on (two).
@@ -93,16 +98,28 @@ public final class Broker: Sendable {
     /// `read` on the long-read reader; on the writer, under the store lock, when there is none.
     /// Fails closed as `readItem` does.
     func longRead<R: Sendable>(_ read: (any LongReads) throws(StoreError) -> R) -> Result<R, Denial> {
-        func run(_ source: any LongReads) -> Result<R, Denial> {
-            do throws(StoreError) { return .success(try read(source)) } catch { return .failure(Denial(error.outcome)) }
-        }
         if let page = longReader.withReader({ reader -> Result<R, Denial> in
             if let refused = readerRefusal { return .failure(refused) }
-            return run(reader)
+            return Self.run(read, on: reader)
         }) {
             return page
         }
-        return withStore { store in run(store) }
+        return withStore { store in Self.run(read, on: store) }
+    }
+
+    /// `audit verify`'s read of `uid`: on a reader opened for it (AuditVerifyReaders.swift), so
+    /// it holds up no other caller's long read; *busy* beyond its bounds. Where that reader
+    /// cannot be opened, logged, and read as `longRead` reads.
+    func verifyRead<R: Sendable>(uid: UInt32, _ read: (any LongReads) throws(StoreError) -> R) -> Result<R, Denial> {
+        verifyReaders.read(uid: uid, refusal: { readerRefusal }, { reader in Self.run(read, on: reader) }, fallback: { refusal in
+            let instead = longReader.isEmpty ? "it holds the store lock" : "it runs on the shared long-read reader"
+            log("no read-only connection for an audit verify (\(Self.why(refusal))); \(instead)")
+            return longRead(read)
+        })
+    }
+
+    private static func run<R>(_ read: (any LongReads) throws(StoreError) -> R, on source: any LongReads) -> Result<R, Denial> {
+        do throws(StoreError) { return .success(try read(source)) } catch { return .failure(Denial(error.outcome)) }
     }
 
     func withStore<R: Sendable>(_ body: (VaultStore) -> R) -> R {
@@ -172,6 +189,7 @@ public final class Broker: Sendable {
     func closeVault(_ store: VaultStore) {
         readers.close()
         longReader.close()
+        verifyReaders.close()
         store.close()
     }
 

@@ -29,6 +29,8 @@ final class ReaderPool: Sendable {
         return ReaderPool(opened)
     }
 
+    var isEmpty: Bool { readers.isEmpty }
+
     /// `body` on a free reader, else on the next one in turn once it is free; nil when there is none.
     func withReader<R>(_ body: (VaultReader) -> R) -> R? {
         guard !readers.isEmpty else { return nil }

@@ -65,7 +65,8 @@ extension Session {
     func auditVerify(_ request: Request) -> Response {
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
         var r: Response
-        switch broker.longRead({ (source) throws(StoreError) in try source.verifyAudit(visibleTo: visibleTo) }) {
+        // On a reader of its own, one per uid at a time (busy beyond: audited below as any denial).
+        switch broker.verifyRead(uid: caller.uid, { (source) throws(StoreError) in try source.verifyAudit(visibleTo: visibleTo) }) {
         case .failure(let d): return deny(request, .auditVerify, item: nil, d)
         case .success(let answer):
             switch answer.verification {

@@ -57,10 +57,18 @@ import KeyholdTestSupport
     /// fsync); the holder lets go once `body` answered, or after 30 s. Returns `body`'s answer
     /// and whether it came while the lock was held.
     static func whileAnotherThreadHoldsTheStore<R>(_ h: Harness, _ body: () -> R) -> (R, answeredWhileHeld: Bool) {
+        whileAnotherThreadHolds({ inside in h.broker.withStore { _ in inside() } }, body)
+    }
+
+    /// Runs `body` while another thread is inside `hold` (it calls its argument while holding
+    /// what it holds), which returns once `body` answered, or after 30 s. Returns `body`'s
+    /// answer and whether it came while `hold` held.
+    static func whileAnotherThreadHolds<R>(_ hold: @escaping @Sendable (() -> Void) -> Void,
+                                           _ body: () -> R) -> (R, answeredWhileHeld: Bool) {
         let held = DispatchSemaphore(value: 0), answered = DispatchSemaphore(value: 0), released = DispatchSemaphore(value: 0)
         let answeredWhileHeld = Mutex(false)
         let holder = Thread {
-            h.broker.withStore { _ in
+            hold {
                 held.signal()
                 let ok = answered.wait(timeout: .now() + 30) == .success
                 answeredWhileHeld.withLock { $0 = ok }
@@ -232,6 +240,10 @@ import KeyholdTestSupport
         let page = h.broker.longRead { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
         guard case .failure(let denial) = page else { Issue.record("a page was read after the rollback"); return }
         #expect(denial.outcome == .otherError)
+        // Nor does an audit verify, which would open a reader of its own.
+        let verified = h.broker.verifyRead(uid: ReleaseGateTests.uid) { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil) }
+        guard case .failure(let refused) = verified else { Issue.record("the audit was verified after the rollback"); return }
+        #expect(refused.outcome == .otherError)
     }
 
     /// The reads a caller can make long (pages of `list`, `search` and `audit`, and `audit

@@ -31,6 +31,34 @@ import KeyholdTestSupport
         #expect(after.verified && after.count >= reports.last!.count)
     }
 
+    /// A verify opens its reader at each verify, under the checks every reader is opened with:
+    /// while another file is at the WAL's path (the writer keeps its own), that open is refused,
+    /// the broker logs it, and the verify runs on the shared long-read reader, which still has
+    /// the writer's files, and counts every entry. With the file put back, verifies open their
+    /// own reader again (no second log line).
+    @Test func aVerifyWhoseReaderIsRefusedIsLoggedAndReadOnTheSharedReader() throws {
+        let b = try BrokerFixture()
+        let vault = Vault(socketPath: b.socketPath)
+        for i in 0..<3 { try vault.add(ReaderThroughBrokerTests.bytes("v\(i)"), service: "verify", account: "a\(i)") }
+        let line = "no read-only connection for an audit verify (the file at the vault's path is not the one the broker opened); it runs on the shared long-read reader"
+        let first = try vault.verifyAudit()
+        #expect(first.verified)
+        #expect(!b.brokerLog.contains(line))
+
+        let wal = b.stateDirectory + "/vault.db-wal"
+        #expect(rename(wal, wal + ".real") == 0)
+        #expect(runCommand("/bin/cp", ["-p", wal + ".real", wal]).status == 0)
+        let refused = try vault.verifyAudit()
+        #expect(rename(wal + ".real", wal) == 0)
+        #expect(refused.verified)
+        #expect(refused.count == first.count + 1)  // the first verify's own entry
+        #expect(b.brokerLog.components(separatedBy: line).count == 2, "\(b.brokerLog)")
+
+        let after = try vault.verifyAudit()
+        #expect(after.verified && after.count == first.count + 2)
+        #expect(b.brokerLog.components(separatedBy: line).count == 2)
+    }
+
     /// A user's `audit --follow` numbers the entries it streams among their own, 1, 2, 3 …, with
     /// no gap where others acted, across its polls (each poll numbers on from the last entry it
     /// sent instead of reading the whole log again).

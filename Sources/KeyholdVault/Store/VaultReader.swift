@@ -22,7 +22,13 @@ public final class VaultReader {
     /// put in the vault's place. The first read is part of the open because SQLite opens the WAL
     /// by path only then; the reader keeps what it opened, whatever the paths name later.
     public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
-        let seed = writer.readerSeed
+        try open(writer.readerSeed)
+    }
+
+    /// `open(for:)` from the writer's seed, taken earlier: the same checks, without the writer,
+    /// which the broker uses only under its store lock (an `audit verify` opens its own reader
+    /// while that lock may be held).
+    public static func open(_ seed: VaultStore.ReaderSeed) throws(StoreError) -> sending VaultReader {
         // The writer could not name its files at open: nothing to compare a reader's with.
         guard !seed.fileIdentities.isEmpty else { throw .io(code: ENODATA) }
         let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName

@@ -48,15 +48,15 @@ public final class VaultStore {
 
     /// A store's keys and settings; what a reader's store takes from the writer's: Sendable
     /// values only, so a reader is not tied to the writer (it is used on other threads, under
-    /// its own lock).
-    struct ReaderSeed: Sendable {
+    /// its own lock), and one taken once can open readers later without the writer's lock.
+    public struct ReaderSeed: Sendable {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
         let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
         let publishedGenerations: PublishedGenerations
     }
 
-    var readerSeed: ReaderSeed {
+    public var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
                    generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
                    stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations)
