@@ -55,11 +55,7 @@ int ckh_bind_unix(int fd, const char *path) {
     if (unix_address(path, &a, &len) != 0) return -1;
     return bind(fd, (struct sockaddr *)&a, len);
 }
-long ckh_sendto_unix(int fd, const void *buf, unsigned long len, int flags, const char *path) {
-    struct sockaddr_un a; socklen_t alen;
-    if (unix_address(path, &a, &alen) != 0) return -1;
-    return (long)sendto(fd, buf, len, flags, (struct sockaddr *)&a, alen);
-}
+int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 
 /* ---- Who sent a request (issue 8, item 3) and bounded waits (item 1). ---- */
 #include <poll.h>

@@ -23,7 +23,9 @@ int ckh_set_parent_death_kill(void);
    -1 with errno ENAMETOOLONG when the path does not fit sun_path. */
 int ckh_connect_unix(int fd, const char *path);
 int ckh_bind_unix(int fd, const char *path);
-long ckh_sendto_unix(int fd, const void *buf, unsigned long len, int flags, const char *path);
+/* dup3(fresh, fd, O_CLOEXEC): puts the socket behind `fresh` at number `fd` in one step (a
+   thread using `fd` meanwhile sees the old socket or the new one), close-on-exec throughout. */
+int ckh_replace_fd(int fresh, int fd);
 /* recvmsg of up to len bytes with the sender's SCM_CREDENTIALS (pid -1 when none came with
    them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno. */
 long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t *uid, uint32_t *gid);
