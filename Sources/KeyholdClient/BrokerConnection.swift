@@ -10,6 +10,16 @@ public protocol Interaction: AnyObject {
     func answer(_ prompt: Prompt) -> SecureBytes?
     /// Shows an informational or error message from the authentication (e.g. "Swipe your finger").
     func show(_ notice: Notice)
+    /// Whether the person has abandoned the request (a dismissed dialog), asked every
+    /// `BrokerConnection.cancelPollMilliseconds` while the broker works with nothing to ask (a
+    /// finger on the reader is awaited without a prompt): the broker is then told, and ends the
+    /// wait at once (*user canceled*). nil (the default): never asked. The CLI needs none: a
+    /// Ctrl-C ends its process, and so its connection, which the broker sees the same way.
+    var cancellation: (@Sendable () -> Bool)? { get }
+}
+
+extension Interaction {
+    public var cancellation: (@Sendable () -> Bool)? { nil }
 }
 
 /// One connection to the broker, carrying a request and its conversation (and, kept by a
@@ -24,7 +34,11 @@ final class BrokerConnection {
     /// The broker closed this connection before reading the request sent on it (a write that
     /// found it closed, or a reset for bytes it never read): asking again cannot repeat it.
     private(set) var closedBeforeReading = false
+    /// The request in progress was canceled while the broker worked on it: its `.cancel` may
+    /// be read after the answer, so the connection is not kept for another request.
+    private(set) var canceledMidRequest = false
     static let busyRetrySeconds = 3.0
+    static let cancelPollMilliseconds: Int32 = 100
 
     init(socketPath: String) throws(KeyholdError) {
         self.socketPath = socketPath
@@ -108,6 +122,7 @@ final class BrokerConnection {
         // Per request: on a kept connection the previous request's reply says nothing of this one.
         answered = false
         closedBeforeReading = false
+        canceledMidRequest = false
         do throws(KeyholdError) {
             try send(.request(request))
         } catch {
@@ -116,6 +131,10 @@ final class BrokerConnection {
             throw error
         }
         while true {
+            if !canceledMidRequest, let canceled = interaction?.cancellation, !waitForBroker(unless: canceled) {
+                try send(.cancel)
+                canceledMidRequest = true
+            }
             switch try receive() {
             case .prompt(let p):
                 if let answer = interaction?.answer(p) {
@@ -140,5 +159,13 @@ final class BrokerConnection {
                 return r
             }
         }
+    }
+
+    /// Waits until the broker has something to read (true) or `canceled` says so (false).
+    private func waitForBroker(unless canceled: () -> Bool) -> Bool {
+        while ckh_poll1(fd, Int32(POLLIN), Self.cancelPollMilliseconds) == 0 {
+            if canceled() { return false }
+        }
+        return true  // readable, hung up or failed: `receive` says which
     }
 }

@@ -296,7 +296,7 @@ public struct Vault: Sendable {
             }
         }
         // The broker keeps the connection after these; anything else ends it.
-        if response.outcome != .busy, request.operation.keepsConnection { kept.keep(conn) } else { conn.close() }
+        if response.outcome != .busy, request.operation.keepsConnection, !conn.canceledMidRequest { kept.keep(conn) } else { conn.close() }
         if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
         throw KeyholdError(response)
     }

@@ -8,7 +8,7 @@ import KeyholdProtocol
 /// Answers the broker's authentication prompts during an unlock: `$KEYHOLD_ASKPASS` for a
 /// password (as the CLI does), nothing else. Without it the prompt is canceled; a fingerprint
 /// needs no answer (the broker's PAM conversation only shows notices). Once the prompt is
-/// dismissed or its client left, every further question is canceled.
+/// dismissed or its client left, every further question is canceled, and a finger wait ends.
 final class AskpassInteraction: Interaction {
     let cancel: PromptCancel
     init(cancel: PromptCancel) { self.cancel = cancel }
@@ -20,6 +20,9 @@ final class AskpassInteraction: Interaction {
     }
 
     func show(_ notice: Notice) {}
+
+    /// Dismissed or abandoned while the broker waits for a finger: the broker ends that wait.
+    var cancellation: (@Sendable () -> Bool)? { { [cancel] in cancel.isCanceled } }
 }
 
 /// One running prompt's work, done on its own thread: the broker runs each item's policy

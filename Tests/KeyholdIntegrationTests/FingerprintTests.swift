@@ -1,7 +1,10 @@
 import Foundation
 import Glibc
 import Testing
+import KeyholdClient
 import KeyholdCore
+import KeyholdProtocol
+import Synchronization
 import KeyholdTestSupport
 
 /// Issue 4: fingerprints through the real broker, pam_fprintd, fprintd and libfprint's
@@ -177,6 +180,77 @@ import KeyholdTestSupport
             let again = try getWithScan(b, fp, ["any", "x"], print: "print-root")
             expectSecret(again.stdoutText, equals: "fp-any", "\(again.stderr)")
             #expect(auditJSON(b, "any/x").contains { $0["outcome"] as? String == "user-canceled" })
+        }
+    }
+}
+
+/// A program using the client library (as the Secret Service agent does for a dismissed
+/// prompt) abandons a request while the broker waits for a finger, which it does without a
+/// prompt, so there is nothing to answer with a cancel: the library tells the broker, which
+/// ends the wait at once, *user canceled*. (pam_fprintd's own timeout, 10 s, would end it as a
+/// failed scan instead.)
+extension FingerprintTests {
+    final class Abandoning: Interaction, @unchecked Sendable {
+        let abandoned = Atomic<Bool>(false)
+        let notices = Atomic<Int>(0)
+        func answer(_ prompt: KeyholdProtocol.Prompt) -> SecureBytes? { nil }
+        func show(_ notice: Notice) { notices.add(1, ordering: .relaxed) }
+        var cancellation: (@Sendable () -> Bool)? { { [self] in abandoned.load(ordering: .relaxed) } }
+    }
+
+    final class Outcome: @unchecked Sendable {
+        let lock = NSLock()
+        var value: Result<Int, KeyholdError>?
+    }
+
+    @Test func aLibraryCallerAbandoningTheFingerprintWaitEndsIt() throws {
+        try withFprintEnvironment { fp in
+            try fp.enroll(user: "root", print: "print-root")
+            let b = try broker(fp)
+            #expect(b.cli(["put", "any", "x", "--policy", "biometry-any"], stdin: Array("fp-any".utf8)).status == 0)
+            let vault = Vault(socketPath: b.socketPath)
+            let interaction = Abandoning()
+            let outcome = Outcome()
+            let caller = Thread {
+                let r: Result<Int, KeyholdError>
+                do throws(KeyholdError) {
+                    let s = try vault.secret(service: "any", account: "x", interaction: interaction)
+                    r = .success(s.count)
+                    s.wipe()
+                } catch {
+                    r = .failure(error)
+                }
+                outcome.lock.withLock { outcome.value = r }
+            }
+            caller.start()
+            #expect(fp.waitUntilFingerNeeded(timeout: 10))
+            interaction.abandoned.store(true, ordering: .relaxed)
+            var ended: Result<Int, KeyholdError>?
+            for _ in 0..<1500 where ended == nil {
+                ended = outcome.lock.withLock { outcome.value }
+                if ended == nil { usleep(20_000) }
+            }
+            switch ended {
+            case .failure(.userCanceled)?: break
+            default: Issue.record("expected user canceled, got \(String(describing: ended.map { r in r.map { _ in "a secret" } }))")
+            }
+            // The broker ended that PAM transaction: fprintd stops waiting and the reader is free.
+            var released = false
+            for _ in 0..<100 where !released {
+                released = !fp.waitUntilFingerNeeded(timeout: 0.05)
+                usleep(50_000)
+            }
+            #expect(released)
+            let audit = auditJSON(b, "any/x")
+            #expect(audit.contains { $0["outcome"] as? String == "user-canceled" })
+            #expect(!audit.contains { $0["operation"] as? String == "get" && $0["decision"] as? String == "granted" })
+            // The same vault asks again on a new connection, and a scan releases the secret.
+            let touch = try fp.scan(print: "print-root")
+            defer { touch.cancel() }
+            let again = Abandoning()
+            let secret = try vault.secret(service: "any", account: "x", interaction: again)
+            defer { secret.wipe() }
+            expectSecret(secret.withUnsafeBytes { Array($0) }, equals: Array("fp-any".utf8))
         }
     }
 }

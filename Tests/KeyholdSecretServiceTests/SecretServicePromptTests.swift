@@ -116,6 +116,52 @@ import KeyholdTestSupport
         expectSecret(f.secretTool(["lookup", "service", "open", "account", "bob"]).stdoutText, equals: "open-secret")
     }
 
+    /// A fingerprint prompt whose client leaves while the broker waits for a finger (no
+    /// question is asked then, so no askpass runs to be killed): the agent tells the broker,
+    /// which ends the wait at once, *user canceled*, and the reader is free again. (Left to
+    /// pam_fprintd's own 10 s timeout, it would end as a failed scan instead.)
+    @Test func aClientThatLeavesDuringAFingerWaitEndsIt() throws {
+        try withFprintEnvironment { fp in
+            let user = try TestUser(prefix: "khf")
+            try fp.enroll(user: user.name, print: "print-user")
+            let broker = try BrokerFixture(passwords: [user.name: "right"], environment: ["DBUS_SYSTEM_BUS_ADDRESS": fp.busAddress],
+                                           fprintStateDirectory: fp.stateDirectory)
+            let f = try SecretServiceFixture(broker: broker, user: user)
+            #expect(f.cli(["put", "finger", "ann", "--policy", "biometry-any"], stdin: "finger-secret").status == 0)
+            let script = f.directory + "/unlock-finger.py"
+            _ = FileManager.default.createFile(atPath: script, contents: Data("""
+                import secretstorage
+                c = secretstorage.get_default_collection(secretstorage.dbus_init())
+                it = next(iter(c.search_items({"service": "finger", "account": "ann"})))
+                it.unlock()
+
+                """.utf8))
+            chmod(script, 0o644)
+            let a = try f.spawn("/usr/bin/python3", [script], log: "unlock-finger.log")
+            defer { if a.isRunning { kill(a.processIdentifier, SIGKILL); a.waitUntilExit() } }
+            #expect(fp.waitUntilFingerNeeded(timeout: 30), "no finger wait: \(f.log("agent.log")) \(f.log("unlock-finger.log"))")
+            kill(a.processIdentifier, SIGKILL)
+            a.waitUntilExit()
+
+            // Waited for, up to 30 s (pam_fprintd gives up after 10 s, with another outcome).
+            var audit = ""
+            let deadline = Date().addingTimeInterval(30)
+            while !audit.contains("user-canceled"), Date() < deadline {
+                audit = f.cli(["audit", "--json", "--item", "finger/ann"]).stdoutText
+                if !audit.contains("user-canceled") { usleep(50_000) }
+            }
+            #expect(audit.contains("user-canceled"), "\(audit) \(f.log("agent.log"))")
+            #expect(!audit.split(separator: "\n").contains { $0.contains("\"operation\":\"get\"") && $0.contains("\"decision\":\"granted\"") },
+                    "\(audit)")
+            var released = false
+            for _ in 0..<100 where !released {
+                released = !fp.waitUntilFingerNeeded(timeout: 0.05)
+                usleep(50_000)
+            }
+            #expect(released, "fprintd still waits for a finger")
+        }
+    }
+
     /// Running prompts are bounded per client (2): a third Prompt() while two run is
     /// LimitsExceeded. The second stays running because it queues behind the first (the broker
     /// authenticates one request per uid at a time and answers others *busy*; a prompt waits
