@@ -109,8 +109,9 @@ final class BrokerConnection {
         while true {
             let r = try performOnce(request, interaction: interaction, onItems: onItems, onAudit: onAudit,
                                     onExportHeader: onExportHeader, onRotation: onRotation)
-            // Busy comes before anything else of the request happened: asking again is safe.
-            guard r.outcome == .busy, reconnect(attempt: attempt, started: started) else { return r }
+            // Busy comes before anything else of the request happened: asking again is safe,
+            // unless the request was abandoned meanwhile.
+            guard r.outcome == .busy, !canceledMidRequest, reconnect(attempt: attempt, started: started) else { return r }
             attempt += 1
         }
     }
