@@ -24,6 +24,8 @@ final class AuditSyslog: Sendable {
     private let fd: Int32
     /// CLOCK_MONOTONIC milliseconds before which no reconnection is tried (0: try now).
     private let nextAttempt = Atomic<Int64>(0)
+    /// Whether `fd` was last seen connected: while not, a line costs no send that must fail.
+    private let connected = Atomic<Bool>(false)
 
     /// authpriv (10) << 3 | info (6)
     static let priority = 86
@@ -48,10 +50,19 @@ final class AuditSyslog: Sendable {
     }
 
     func record(_ r: AuditRecord) {
-        send(line(for: r))
+        guard ready() else { return }
+        deliver(line(for: r))
     }
 
     func send(_ message: String) {
+        guard ready() else { return }
+        deliver(message)
+    }
+
+    /// Connected, or connected now: with no receiver, a line is not even formatted.
+    private func ready() -> Bool { connected.load(ordering: .relaxed) || reconnect() }
+
+    private func deliver(_ message: String) {
         var t = time_t(0)
         time(&t)
         var tm = tm()
@@ -79,10 +90,12 @@ final class AuditSyslog: Sendable {
         let fresh = Self.newSocket()
         defer { if fresh >= 0 { close(fresh) } }
         guard fresh >= 0, ckh_connect_unix(fresh, socketPath) == 0, ckh_replace_fd(fresh, fd) == fd else {
+            connected.store(false, ordering: .relaxed)
             nextAttempt.store(now + Self.retryMilliseconds, ordering: .relaxed)
             return false
         }
         nextAttempt.store(0, ordering: .relaxed)
+        connected.store(true, ordering: .relaxed)
         return true
     }
 
