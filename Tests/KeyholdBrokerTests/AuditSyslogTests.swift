@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import KeyholdTestSupport
 @testable import KeyholdBroker
@@ -70,8 +71,12 @@ import KeyholdTestSupport
         var receiver = try Receiver(path)
         let log = AuditSyslog(socketPath: path)
         let stop = ManagedAtomicFlag()
+        let finished = Atomic<Int>(0)
         let threads = (0..<4).map { i in
-            Thread { while !stop.isSet { log.send("thread \(i)"); usleep(200) } }
+            Thread {
+                while !stop.isSet { log.send("thread \(i)"); usleep(200) }
+                finished.add(1, ordering: .releasing)
+            }
         }
         threads.forEach { $0.start() }
         for _ in 0..<20 {
@@ -79,7 +84,9 @@ import KeyholdTestSupport
             receiver = try Receiver(path)
         }
         stop.set()
-        usleep(50_000)  // the senders' last lines, to whichever socket they went
+        // Every sender has returned (bounded), so no line of theirs can follow the drain.
+        for _ in 0..<3000 where finished.load(ordering: .acquiring) < threads.count { usleep(10_000) }
+        #expect(finished.load(ordering: .acquiring) == threads.count)
         _ = receiver.lines()
         log.send("after the race")
         #expect(receiver.lines().map { $0.hasSuffix(": after the race") } == [true])

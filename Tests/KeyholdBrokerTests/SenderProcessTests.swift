@@ -22,7 +22,7 @@ import KeyholdAuth
             guard posix_spawn(&pid, "/usr/bin/setsid", nil, nil, argv, environ) == 0 else { throw POSIXError(.ECHILD) }
             self.pid = pid
             // Until setsid has exec'd sleep, the child is still the spawning image.
-            for _ in 0..<500 where CallerFacts.readExecutable(pid: pid) != "/usr/bin/sleep" { usleep(2_000) }
+            for _ in 0..<5000 where CallerFacts.readExecutable(pid: pid) != "/usr/bin/sleep" { usleep(2_000) }
         }
         /// Killed and left a zombie: /proc still shows its stat line, its pidfd says it exited.
         func killLeavingAZombie() {
