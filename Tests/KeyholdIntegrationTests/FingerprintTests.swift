@@ -192,9 +192,8 @@ import KeyholdTestSupport
 extension FingerprintTests {
     final class Abandoning: Interaction, @unchecked Sendable {
         let abandoned = Atomic<Bool>(false)
-        let notices = Atomic<Int>(0)
         func answer(_ prompt: KeyholdProtocol.Prompt) -> SecureBytes? { nil }
-        func show(_ notice: Notice) { notices.add(1, ordering: .relaxed) }
+        func show(_ notice: Notice) {}
         var cancellation: (@Sendable () -> Bool)? { { [self] in abandoned.load(ordering: .relaxed) } }
     }
 
