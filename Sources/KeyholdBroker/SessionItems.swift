@@ -269,20 +269,33 @@ extension Session {
 
     /// Reads pages with `read` and sends each as `.items` frames.
     private func sendPages(failure: String, _ read: (any LongReads, VaultStore.ItemPageCursor?) throws(StoreError)
-                               -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)) -> Response {
-        var cursor: VaultStore.ItemPageCursor?
-        var count = 0, damaged = 0
-        repeat {
-            let page = broker.longRead { (source) throws(StoreError) in try read(source, cursor) }
-            guard case .success(let found) = page else { return Response(.otherError, detail: failure) }
-            guard sendItems(found.items) else { return Response(.otherError) }
+                               -> VaultStore.ItemPage) -> Response {
+        var count = 0, damaged = 0, socketFailed = false
+        let unread = eachPage(read) { found in
+            guard sendItems(found.items) else { socketFailed = true; return false }
             count += found.items.count
             damaged += found.damaged
-            cursor = found.next
-        } while cursor != nil
+            return true
+        }
+        if unread { return Response(.otherError, detail: failure) }
+        if socketFailed { return Response(.otherError) }
         var r = Response(.ok, detail: damaged > 0 ? "\(damaged) damaged item(s) could not be read" : nil)
         r.count = UInt64(count)
         return r
+    }
+
+    /// Reads pages with `read` on the long-read reader, one at a time, and hands each to `body`
+    /// until the last or until `body` says stop (false). True when a page could not be read.
+    private func eachPage(_ read: (any LongReads, VaultStore.ItemPageCursor?) throws(StoreError) -> VaultStore.ItemPage,
+                          _ body: (VaultStore.ItemPage) -> Bool) -> Bool {
+        var cursor: VaultStore.ItemPageCursor?
+        repeat {
+            let page = broker.longRead { [cursor] (source) throws(StoreError) in try read(source, cursor) }
+            guard case .success(let found) = page else { return true }
+            guard body(found) else { return false }
+            cursor = found.next
+        } while cursor != nil
+        return false
     }
 
     /// Metadata (never a secret) as `.items` frames; false when the socket failed.
@@ -356,16 +369,13 @@ extension Session {
         // Counted page by page on the long-read reader, as `list` reads (a listing that cannot
         // be read counts nothing, as before).
         var bound = 0
-        var cursor: VaultStore.ItemPageCursor?
-        repeat {
-            let page = broker.longRead { [cursor] (source) throws(StoreError) in
-                try source.items(owner: caller.uid, after: cursor, limit: Self.itemsPerPage)
-            }
-            guard case .success(let found) = page else { bound = 0; break }
+        let unread = eachPage({ source, cursor throws(StoreError) in
+            try source.items(owner: caller.uid, after: cursor, limit: Self.itemsPerPage)
+        }) { found in
             bound += found.items.filter { $0.access.policy.bindsBiometrySet }.count
-            cursor = found.next
-        } while cursor != nil
-        r.count = UInt64(bound)
+            return true
+        }
+        r.count = unread ? 0 : UInt64(bound)
         guard broker.audit(event(request, .biometry, decision: .granted, outcome: .ok)) else { return Response(.auditUnavailable) }
         return r
     }

@@ -134,7 +134,7 @@ extension VaultStore {
         try allPages { (cursor) throws(StoreError) in try search(owner: owner, attributes: query, after: cursor, limit: 10_000) }
     }
 
-    private func allPages(_ page: (ItemPageCursor?) throws(StoreError) -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?))
+    private func allPages(_ page: (ItemPageCursor?) throws(StoreError) -> ItemPage)
         throws(StoreError) -> (items: [StoredItem], damaged: Int) {
         var all: [StoredItem] = []
         var damaged = 0

@@ -7,6 +7,8 @@ import KeyholdCore
 /// inconsistency is `.integrity`). The store's queries and transactions live in VaultStore+Items.swift.
 extension VaultStore {
     static let itemColumns = "id, owner_uid, lookup, kind, policy, allowed_executables, reuse_seconds, biometry_state, pwhash_params, attributes, created_us, updated_us, generation, expires_us"
+    /// The index of the first column a query selects after `itemColumns` (a page's rowid).
+    static let columnAfterItem: Int32 = 14
 
     /// The columns of an item row, as read (possibly altered on disk).
     struct ItemRow {

@@ -48,13 +48,13 @@ public final class VaultReader {
 
     /// One page of `VaultStore.items(owner:after:limit:)`, in one read transaction.
     public func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
+        -> VaultStore.ItemPage {
         try snapshot { () throws(StoreError) in try store.items(owner: owner, after: cursor, limit: limit) }
     }
 
     /// One page of `VaultStore.search(owner:attributes:after:limit:)`, in one read transaction.
     public func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?) {
+        -> VaultStore.ItemPage {
         try snapshot { () throws(StoreError) in try store.search(owner: owner, attributes: attributes, after: cursor, limit: limit) }
     }
 
@@ -91,9 +91,9 @@ public final class VaultReader {
 /// broker runs them on a reader of their own, or on the writer when it has no reader.
 public protocol LongReads {
     func items(owner: UInt32, after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
+        -> VaultStore.ItemPage
     func search(owner: UInt32, attributes: [String: String], after cursor: VaultStore.ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: VaultStore.ItemPageCursor?)
+        -> VaultStore.ItemPage
     func auditEntries(visibleTo uid: UInt32?, since: Int64?, item: (service: String, account: String)?,
                       afterSeq: Int64?, ownAfter: Int64?, limit: Int?) throws(StoreError) -> [AuditEntryView]
     func auditSeq(uid: UInt32, own: Int64) throws(StoreError) -> Int64

@@ -27,12 +27,15 @@ extension VaultStore {
         let rowid: Int64
     }
 
+    /// A page of a listing or search: the items that opened, how many rows did not (damaged or
+    /// altered; left out), and where the next page starts (nil at the end).
+    public typealias ItemPage = (items: [StoredItem], damaged: Int, next: ItemPageCursor?)
+
     /// One page of the owner's items (metadata only) in creation order (rowid: `replace` keeps
     /// it), the number of the page's rows that failed to open (damaged or altered; left out),
     /// and the cursor of the next page (nil at the end). Paging lets the broker send a long
     /// listing while it reads the rest, and let go of its reader between pages.
-    public func items(owner: UInt32, after cursor: ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?) {
+    public func items(owner: UInt32, after cursor: ItemPageCursor?, limit: Int) throws(StoreError) -> ItemPage {
         var items: [StoredItem] = []
         var damaged = 0
         var last: Int64?
@@ -51,7 +54,7 @@ extension VaultStore {
                 try s.bind(3, Int64(max(limit, 1)))
                 while try s.step() {
                     rows += 1
-                    last = s.int64(14)
+                    last = s.int64(Self.columnAfterItem)
                     if let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
                        item.owner == owner { items.append(item) } else { damaged += 1 }
                 }

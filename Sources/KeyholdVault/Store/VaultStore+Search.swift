@@ -49,7 +49,7 @@ extension VaultStore {
     /// checking each pair on the (item_id, tag) index. Each candidate is opened and matched
     /// exactly, and must be the owner's (its owner is bound into its boxes).
     public func search(owner: UInt32, attributes query: [String: String], after cursor: ItemPageCursor?, limit: Int) throws(StoreError)
-        -> (items: [StoredItem], damaged: Int, next: ItemPageCursor?) {
+        -> ItemPage {
         guard query.count <= Limits.maxAttributePairs else { throw .tooLarge }
         for (k, v) in query where k.utf8.count > Limits.maxTextBytes || v.utf8.count > Limits.maxTextBytes { throw .tooLarge }
         if query.isEmpty { return try items(owner: owner, after: cursor, limit: limit) }
@@ -86,8 +86,8 @@ extension VaultStore {
                 for (i, tag) in tags.enumerated() { try s.bind(Int32(i + first), blob: tag) }
                 while try s.step() {
                     rows += 1
-                    last = s.int64(14)
-                    guard s.int64(15) == 1 else { continue }
+                    last = s.int64(Self.columnAfterItem)
+                    guard s.int64(Self.columnAfterItem + 1) == 1 else { continue }
                     guard let generations, let item = try? decode(ItemRow(s), generations: generations, checkLookup: false),
                           item.owner == owner else {
                         damaged += 1
