@@ -73,7 +73,7 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 #define SO_PEERPIDFD 77
 #endif
 
-long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t *uid, uint32_t *gid) {
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid) {
     /* Room for the credentials and a few descriptors: any descriptor a peer passes is closed. */
     union { struct cmsghdr align; char bytes[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(16 * sizeof(int))]; } control;
     struct iovec iov = { .iov_base = buf, .iov_len = len };
@@ -82,7 +82,7 @@ long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t 
     msg.msg_iov = &iov; msg.msg_iovlen = 1;
     msg.msg_control = control.bytes; msg.msg_controllen = sizeof(control.bytes);
     *pid = -1; *uid = (uint32_t)-1; *gid = (uint32_t)-1;
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
     if (n < 0) return -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET) continue;

@@ -29,6 +29,10 @@ extension Interaction {
 final class BrokerConnection {
     private(set) var fd: Int32
     let socketPath: String
+    /// The process and ids that opened `fd`, and its inode: a kept connection is used again
+    /// only by them (KeptConnection.take). Read once per connection, not per request.
+    private(set) var owner: KeptConnection.Owner
+    private(set) var inode: UInt64
     /// A reply frame arrived for the request in progress.
     private var answered = false
     /// The broker closed this connection before reading the request sent on it (a write that
@@ -42,7 +46,9 @@ final class BrokerConnection {
 
     init(socketPath: String) throws(KeyholdError) {
         self.socketPath = socketPath
+        owner = .current
         fd = try Self.connect(socketPath)
+        inode = KeptConnection.inode(fd)
     }
 
     private static func connect(_ socketPath: String) throws(KeyholdError) -> Int32 {
@@ -67,8 +73,10 @@ final class BrokerConnection {
         let base = min(10_000 << min(attempt, 5), 250_000)
         usleep(UInt32(base / 2 + Int.random(in: 0...base)))
         _ = Glibc.close(fd)
+        owner = .current
         guard let next = try? Self.connect(socketPath) else { fd = -1; return false }
         fd = next
+        inode = KeptConnection.inode(fd)
         return true
     }
 

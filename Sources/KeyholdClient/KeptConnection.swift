@@ -28,8 +28,6 @@ final class KeptConnection: Sendable {
 
     private struct Idle: @unchecked Sendable {
         var connection: BrokerConnection?
-        var owner: Owner?
-        var inode: UInt64 = 0
         var lastAnswer: UInt64 = 0
     }
     private let idle = Mutex(Idle())
@@ -41,15 +39,17 @@ final class KeptConnection: Sendable {
             return i.connection == nil ? nil : i
         }), let connection = kept.connection else { return nil }
         let now = Owner.current
-        if kept.owner?.pid != now.pid {
+        if connection.owner.pid != now.pid {
             // A forked child: its copy of the parent's descriptor is closed (the parent's stays
             // open), unless the number now names another file the child opened since.
-            if Self.inode(connection.fd) == kept.inode { connection.close() }
+            if Self.inode(connection.fd) == connection.inode { connection.close() }
             return nil
         }
         let fresh = MonotonicClock.nanoseconds() - kept.lastAnswer < Self.reuseMilliseconds * 1_000_000
+        // The ids it was opened with, not those at its last answer: a process that changed ids
+        // while a request was in flight connects again as what it is now.
         // poll: readable or hung up means the broker closed it (or spoke out of turn).
-        guard kept.owner == now, fresh, ckh_poll1(connection.fd, Int32(POLLIN), 0) == 0 else {
+        guard connection.owner == now, fresh, ckh_poll1(connection.fd, Int32(POLLIN), 0) == 0 else {
             connection.close()
             return nil
         }
@@ -58,7 +58,7 @@ final class KeptConnection: Sendable {
 
     /// Keeps `connection` after a complete answer; the one kept before (another thread's) is closed.
     func keep(_ connection: BrokerConnection) {
-        let kept = Idle(connection: connection, owner: .current, inode: Self.inode(connection.fd), lastAnswer: MonotonicClock.nanoseconds())
+        let kept = Idle(connection: connection, lastAnswer: MonotonicClock.nanoseconds())
         let previous = idle.withLock { i -> BrokerConnection? in
             defer { i = kept }
             return i.connection
@@ -66,7 +66,7 @@ final class KeptConnection: Sendable {
         previous?.close()
     }
 
-    private static func inode(_ fd: Int32) -> UInt64 {
+    static func inode(_ fd: Int32) -> UInt64 {
         var st = stat()
         return fstat(fd, &st) == 0 ? UInt64(st.st_ino) : 0
     }

@@ -50,22 +50,30 @@ public struct TimedFrameReader {
         let payload = SecureBytes(count: length)
         var payloadDone = 0
         let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
-            try fill(buf, firstByteBy: start + frameMilliseconds, frameBy: start + frameMilliseconds, done: &payloadDone)
+            try fill(buf, firstByteBy: start + frameMilliseconds, frameBy: start + frameMilliseconds, done: &payloadDone,
+                     likelyReady: true)
         }
         guard n == length else { throw .truncated }
         return payload
     }
 
-    /// `done` counts the bytes read so far, also when a deadline ends the read.
-    private mutating func fill(_ buf: UnsafeMutableRawBufferPointer, firstByteBy: Int, frameBy: Int, done: inout Int) throws(FrameError) -> Int {
+    /// `done` counts the bytes read so far, also when a deadline ends the read. `likelyReady`:
+    /// the bytes usually came with what was read before (a payload sent with its header), so a
+    /// read that does not wait is tried before the poll, which then runs only when it found none.
+    private mutating func fill(_ buf: UnsafeMutableRawBufferPointer, firstByteBy: Int, frameBy: Int, done: inout Int,
+                               likelyReady: Bool = false) throws(FrameError) -> Int {
+        var pollFirst = !likelyReady
         while done < buf.count {
             let left = (done == 0 ? min(firstByteBy, frameBy) : frameBy) - Self.nowMilliseconds()
             guard left > 0 else { throw .io(ETIMEDOUT) }
-            let ready = ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left))
-            if ready < 0 { throw .io(errno) }
-            if ready == 0 { throw .io(ETIMEDOUT) }
+            if pollFirst {
+                let ready = ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left))
+                if ready < 0 { throw .io(errno) }
+                if ready == 0 { throw .io(ETIMEDOUT) }
+            }
             var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0
-            let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), &pid, &uid, &gid)
+            let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), pollFirst ? 0 : 1, &pid, &uid, &gid)
+            pollFirst = true
             if r == 0 { break }
             if r < 0 {
                 if errno == EINTR || errno == EAGAIN { continue }

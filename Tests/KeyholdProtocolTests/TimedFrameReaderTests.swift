@@ -54,4 +54,27 @@ struct TimedFrameReaderTests {
         close(w)
         #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000) == nil)
     }
+
+    /// The payload is first read without waiting (it usually came with its header); one that
+    /// comes later, in parts, is still waited for and read whole, and a second frame sent in
+    /// the same write is left for the next read.
+    @Test func aPayloadThatComesAfterItsHeaderIsWaitedForAndReadWhole() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        #expect(write(w, [0, 0, 0, 4] as [UInt8], 4) == 4)
+        let writerFD = w
+        let late = Thread {
+            usleep(100_000)
+            _ = send(writerFD, [9, 8, 7] as [UInt8], 3, Int32(MSG_NOSIGNAL))
+            usleep(50_000)
+            _ = send(writerFD, [6, 0, 0, 0, 2, 5, 4] as [UInt8], 7, Int32(MSG_NOSIGNAL))
+        }
+        late.start()
+        var reader = TimedFrameReader(fd: r)
+        let first = try reader.read(idleMilliseconds: 2000, frameMilliseconds: 2000)
+        #expect(first?.withUnsafeBytes { Array($0) } == [9, 8, 7, 6])
+        let second = try reader.read(idleMilliseconds: 2000, frameMilliseconds: 2000)
+        #expect(second?.withUnsafeBytes { Array($0) } == [5, 4])
+        while !late.isFinished { usleep(10_000) }
+    }
 }

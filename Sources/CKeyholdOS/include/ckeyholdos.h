@@ -28,7 +28,7 @@ int ckh_bind_unix(int fd, const char *path);
 int ckh_replace_fd(int fresh, int fd);
 /* recvmsg of up to len bytes with the sender's SCM_CREDENTIALS (pid -1 when none came with
    them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno. */
-long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t *uid, uint32_t *gid);
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid);
 /* SO_PASSCRED on: every message carries its sender's credentials (inherited by accepted sockets). */
 int ckh_set_passcred(int fd);
 /* A pidfd for the socket's peer (SO_PEERPIDFD), -1 where the kernel has none. */
