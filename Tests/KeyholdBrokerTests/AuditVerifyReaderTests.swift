@@ -100,4 +100,27 @@ import KeyholdTestSupport
         #expect(Self.verify(h, uid: Self.third).outcome == .ok)
         #expect(Self.verifyOutcomes(h, uid: Self.third) == ["busy", "ok"])
     }
+
+    /// Closing the vault while a verify's reader is open waits for that verify (the writer's
+    /// close must be the last, which checkpoints and removes the WAL), and no verify opens a
+    /// reader after: it is answered as the closed store answers. A close that did not wait
+    /// returns while the verify holds its reader, and leaves the WAL behind.
+    @Test func closingTheVaultWaitsForAVerifyInFlightAndNoneStartsAfter() throws {
+        let h = try Harness()
+        _ = try #require(h.add("s1"))
+        let closed = DispatchSemaphore(value: 0)
+        let (closedWhileVerifying, answeredWhileHeld) = Self.whileVerifying(h, uid: Self.other) {
+            Thread { h.broker.close(); closed.signal() }.start()
+            return closed.wait(timeout: .now() + 0.5) == .success
+        }
+        #expect(answeredWhileHeld)
+        #expect(!closedWhileVerifying, "the vault closed while a verify's reader was open")
+        if !closedWhileVerifying {
+            #expect(closed.wait(timeout: .now() + 30) == .success, "the close did not finish once the verify ended")
+        }
+        #expect(!FileManager.default.fileExists(atPath: h.dbPath + "-wal"), "the writer's close was not the last")
+        let after = h.broker.verifyRead(uid: Self.other) { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil).verification }
+        guard case .failure(let refused) = after else { Issue.record("a verify after the close was served"); return }
+        #expect(refused.outcome == StoreError.closed.outcome)
+    }
 }

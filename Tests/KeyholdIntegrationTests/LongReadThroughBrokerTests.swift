@@ -1,5 +1,6 @@
 import Foundation
 import Glibc
+import Synchronization
 import Testing
 import KeyholdClient
 import KeyholdCore
@@ -57,6 +58,54 @@ import KeyholdTestSupport
         let after = try vault.verifyAudit()
         #expect(after.verified && after.count == first.count + 2)
         #expect(b.brokerLog.components(separatedBy: line).count == 2)
+    }
+
+    /// Two unprivileged accounts and root verify the chain in loops at the same time through
+    /// the socket, while a third account lists: every verify is served and intact (a busy
+    /// answer, at a bound, is asked again by the client), each verify's entry carries the uid the
+    /// kernel gave its connection, and an account's audit shows its own verifies and no one
+    /// else's, and none is *busy*. (That a second verify of one uid, or a third uid's, is *busy* while others are in
+    /// flight is shown in AuditVerifyReaderTests, where a verify can be held open.)
+    @Test func accountsVerifyingAtOnceAreEachServedAndAuditedAsThemselves() throws {
+        let (a, c, lister) = (try TestUser(), try TestUser(), try TestUser())
+        let b = try BrokerFixture()
+        for user in [a, c, lister] {
+            #expect(b.cli(["put", "own", user.name], stdin: Array("v-\(user.name)".utf8), asUser: user.name).status == 0)
+        }
+        let rounds = 8
+        let accounts: [String?] = [a.name, c.name, nil]
+        let failures = Mutex<[String]>([])
+        runThreads(accounts.count + 1) { i in
+            for _ in 0..<rounds {
+                if i < accounts.count {
+                    let r = b.cli(["audit", "verify"], asUser: accounts[i])
+                    if r.status != 0 || !r.stdoutText.contains("audit chain verified") {
+                        failures.withLock { $0.append("\(accounts[i] ?? "root"): \(r.status) \(r.stdoutText) \(r.stderr)") }
+                    }
+                } else {
+                    let r = b.cli(["ls"], asUser: lister.name)
+                    if r.status != 0 { failures.withLock { $0.append("ls: \(r.status) \(r.stderr)") } }
+                }
+            }
+        }
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        func verifies(_ rows: [[String: Any]], uid: UInt32) -> [String] {
+            rows.filter { $0["operation"] as? String == "audit-verify" && $0["uid"] as? Int == Int(uid) }.compactMap { $0["outcome"] as? String }
+        }
+        let all = b.cli(["audit", "--json"]).stdoutText.split(separator: "\n")
+            .compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        for user in [a, c] {
+            #expect(verifies(all, uid: user.uid).filter { $0 == "ok" }.count == rounds, "\(user.name): \(verifies(all, uid: user.uid))")
+            let own = b.cli(["audit", "--json"], asUser: user.name).stdoutText.split(separator: "\n")
+                .compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+            #expect(!own.isEmpty && own.allSatisfy { $0["uid"] as? Int == Int(user.uid) }, "\(user.name) sees others' entries")
+            #expect(verifies(own, uid: user.uid).filter { $0 == "ok" }.count == rounds)
+        }
+        #expect(verifies(all, uid: 0).filter { $0 == "ok" }.count == rounds)
+        #expect(verifies(all, uid: lister.uid).isEmpty)
+        // Each account's loop is sequential and two accounts and root each have a slot: no one
+        // was made to wait for another (no *busy* entry).
+        for uid in [a.uid, c.uid, 0] { #expect(verifies(all, uid: uid).allSatisfy { $0 == "ok" }, "\(uid): \(verifies(all, uid: uid))") }
     }
 
     /// A user's `audit --follow` numbers the entries it streams among their own, 1, 2, 3 …, with
