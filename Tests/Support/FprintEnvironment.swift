@@ -128,6 +128,8 @@ public final class FprintEnvironment: @unchecked Sendable {
         mkdir(dir + "/state", 0o755)
         mkdir(dir + "/run", 0o755)
         mkdir(dir + "/logs", 0o755)
+        // Before `owner` appears: a reaper reads it to leave other namespaces' environments alone.
+        try? pidNamespace().write(toFile: dir + "/pidns", atomically: true, encoding: .utf8)
         let ownerLock = lockedOwnerFile(dir)
         guard ownerLock >= 0 else {
             removeTree(dir)
@@ -470,11 +472,16 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// /tmp and their pids mean nothing here): it SIGKILLs only
     /// pids recorded in that environment's `daemons` file whose command line or environment
     /// still names that directory (a recycled pid does not), then removes the directory.
-    /// Environments of live test processes (another suite, another run) are left alone.
+    /// Environments of live test processes (another suite, another run) are left alone, and so
+    /// are those made in another PID namespace (a suite run under `unshare --pid` beside this
+    /// one): their daemons can be neither seen nor killed from here, so removing the directory
+    /// would only leave them running.
     public static func reapAbandoned() {
         guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }
+        let mine = pidNamespace()
         for name in names where name.hasPrefix("khfp-") && name.utf8.count == 11 {
             let dir = "/tmp/" + name
+            if let theirs = try? String(contentsOfFile: dir + "/pidns", encoding: .utf8), theirs != mine { continue }
             let owner = open(dir + "/owner", O_RDONLY | O_CLOEXEC)
             guard owner >= 0 else { continue }
             let abandoned = flock(owner, LOCK_EX | LOCK_NB) == 0
@@ -491,6 +498,11 @@ public final class FprintEnvironment: @unchecked Sendable {
             while killed.contains(where: isAlive), Date() < deadline { usleep(5_000) }
             removeTree(dir)
         }
+    }
+
+    /// This process's PID namespace, as /proc names it ("pid:[4026531836]").
+    public static func pidNamespace() -> String {
+        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? "unknown"
     }
 
     static func recordDaemon(_ p: SpawnedProcess, in dir: String) {
