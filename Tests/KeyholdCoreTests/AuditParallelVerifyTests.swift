@@ -38,6 +38,27 @@ import Testing
         return (fast, try store.verifyAudit())
     }
 
+    /// Each slice opens its connection as every reader does: while another file (here an
+    /// identical copy) is at the WAL's path, the fast path reads nothing and the sequential pass,
+    /// on the store's own connection, answers; with the writer's file back, the fast path runs.
+    /// Opened by path alone, a slice reads the copy and calls the chain intact.
+    @Test func aSliceNeverReadsAFilePutAtTheVaultsPaths() throws {
+        let dir = try seeded(60)
+        let store = try openStore(dir)
+        defer { store.close() }
+        #expect(!store.fileIdentities.isEmpty)
+        let head = try #require(try store.readHead())
+        func fast() -> Bool { store.auditChainIntact(start: (0, store.genesisMAC), head: (head.seq, head.mac), slices: 2) }
+        #expect(fast())
+        let wal = dir.state + "/vault.db-wal"
+        #expect(rename(wal, wal + ".real") == 0)
+        try FileManager.default.copyItem(atPath: wal + ".real", toPath: wal)
+        #expect(!fast(), "a slice read the file put at the WAL's path")
+        #expect(try store.verifyAudit() == .intact(count: 60))
+        #expect(unlink(wal) == 0 && rename(wal + ".real", wal) == 0)
+        #expect(fast())
+    }
+
     @Test func intactChainPassesInEverySlicing() throws {
         let dir = try seeded(60)
         for slices in [1, 2, 3, 4, 7, 60] {

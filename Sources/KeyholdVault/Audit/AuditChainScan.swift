@@ -27,6 +27,7 @@ extension VaultStore {
         let cores = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
         let slices = requested ?? Int(min(Int64(min(cores, 8)), max(1, total / Self.minimumEntriesPerSlice)))
         let path = stateDirectory + "/" + StateDirectory.databaseFileName
+        let files = fileIdentities
         // Slice i covers (bounds[i], bounds[i + 1]]; the last one has no upper bound, so a row
         // beyond the head is seen.
         var bounds: [Int64] = (0..<slices).map { start.seq + total * Int64($0) / Int64(slices) }
@@ -36,7 +37,7 @@ extension VaultStore {
         defer { results.deallocate() }
         auditKey.keyBytes.bytes.withUnsafeBytes { key in
             let work = { (i: Int) in
-                results[i] = AuditSliceScanner(path: path, key: key)?.verify(
+                results[i] = AuditSliceScanner(path: path, expecting: files, key: key)?.verify(
                     after: bounds[i], startMAC: i == 0 ? start.mac : nil, through: bounds[i + 1],
                     endMAC: i == slices - 1 ? head.mac : nil, isLast: i == slices - 1) ?? false
             }
@@ -71,23 +72,25 @@ private final class SliceThread: @unchecked Sendable {
     func join() { if started { pthread_join(thread, nil) } }
 }
 
-/// Reads one slice of the chain on its own read-only connection and checks every entry.
+/// Reads one slice of the chain on its own read-only connection and checks every entry. The
+/// connection is opened as every reader is (`StateDirectory.openReader`): its files must be the
+/// writer's, so a slice never reads a file put at the vault's paths (a store that could not name
+/// its files at open, as in some tools, opens the path as it is).
 private struct AuditSliceScanner {
+    private let database: Database
     private let db: OpaquePointer
     private let key: UnsafeRawBufferPointer
 
-    init?(path: String, key: UnsafeRawBufferPointer) {
-        sqliteLibraryConfigured
-        var handle: OpaquePointer?
-        guard sqlite3_open_v2(path, &handle, SQLITE_OPEN_READONLY | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW, nil) == SQLITE_OK,
-              let handle else {
-            sqlite3_close_v2(handle)
-            return nil
-        }
-        sqlite3_busy_timeout(handle, 5000)
+    init?(path: String, expecting: [StateDirectory.FileIdentity], key: UnsafeRawBufferPointer) {
+        let opened: Database
+        do {
+            opened = expecting.isEmpty ? try Database(path: path, readOnly: true) : try StateDirectory.openReader(path, expecting: expecting)
+        } catch { return nil }
+        guard let handle = opened.withHandle({ $0 }) else { return nil }
         // Read pages in place rather than copied into SQLite's cache (a sequential scan of the
         // whole log; read-only, so a damaged file can only fail a read, never be written).
         sqlite3_exec(handle, "PRAGMA mmap_size = 1073741824", nil, nil, nil)
+        database = opened
         db = handle
         self.key = key
     }
@@ -96,7 +99,7 @@ private struct AuditSliceScanner {
     /// the first chained to `startMAC` (or to the stored MAC of row `after`), the last equal to
     /// `endMAC` when given, and (for the last slice) nothing beyond `through`.
     func verify(after: Int64, startMAC: [UInt8]?, through: Int64, endMAC: [UInt8]?, isLast: Bool) -> Bool {
-        defer { sqlite3_close_v2(db) }
+        defer { database.close() }
         // Read the whole slice in one snapshot.
         guard sqlite3_exec(db, "BEGIN", nil, nil, nil) == SQLITE_OK else { return false }
         defer { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
