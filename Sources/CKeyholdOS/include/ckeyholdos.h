@@ -27,7 +27,8 @@ int ckh_bind_unix(int fd, const char *path);
    thread using `fd` meanwhile sees the old socket or the new one), close-on-exec throughout. */
 int ckh_replace_fd(int fresh, int fd);
 /* recvmsg of up to len bytes with the sender's SCM_CREDENTIALS (pid -1 when none came with
-   them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno. */
+   them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno.
+   dontwait: MSG_DONTWAIT (-1 with EAGAIN when nothing is there yet). */
 long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid);
 /* SO_PASSCRED on: every message carries its sender's credentials (inherited by accepted sockets). */
 int ckh_set_passcred(int fd);
