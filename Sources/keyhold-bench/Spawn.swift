@@ -29,6 +29,24 @@ func run(_ path: String, _ arguments: [String], stdin: [UInt8] = [], environment
     return status
 }
 
+/// Starts a program in the background (a daemon the benchmark stops itself), its standard
+/// streams on /dev/null; its pid, or nil when it cannot be started.
+func spawnDaemon(_ path: String, _ arguments: [String], environment: [String]) -> pid_t? {
+    let devnull = open("/dev/null", O_RDWR | O_CLOEXEC)
+    var actions = posix_spawn_file_actions_t()
+    posix_spawn_file_actions_init(&actions)
+    for fd: Int32 in 0...2 { posix_spawn_file_actions_adddup2(&actions, devnull, fd) }
+    let argv = ([path] + arguments).map { strdup($0) } + [nil]
+    let envp = environment.map { strdup($0) } + [nil]
+    var pid: pid_t = 0
+    let rc = posix_spawn(&pid, path, &actions, nil, argv, envp)
+    posix_spawn_file_actions_destroy(&actions)
+    argv.forEach { free($0) }
+    envp.forEach { free($0) }
+    close(devnull)
+    return rc == 0 ? pid : nil
+}
+
 /// Wall-clock seconds of `samples` runs of one command, each a fresh process.
 func spawnTimes(_ samples: Int, _ path: String, _ arguments: () -> [String], environment: [String]? = nil) -> [Double] {
     var times: [Double] = []

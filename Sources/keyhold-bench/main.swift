@@ -134,7 +134,9 @@ var putTimes: [Double] = []
         commands.append(("C floor (libsodium + SQLite lookup)", floor, { Floor.getArguments(in: floorDir, account: account()) }, nil))
     }
     commands.append(("/bin/true", "/bin/true", { [] }, nil))
-    if let other = OtherStores.secretTool(in: floorDir) { commands.append(("secret-tool lookup", other.path, other.args, other.env)) }
+    let secretTool = OtherStores.secretTool(in: floorDir)
+    defer { secretTool?.stop() }
+    if let other = secretTool?.command { commands.append(("secret-tool lookup", other.path, other.args, other.env)) }
     if let other = OtherStores.pass(in: floorDir) { commands.append(("pass show", other.path, other.args, other.env)) }
     var times = Array(repeating: [Double](), count: commands.count)
     for _ in 0..<samples {
