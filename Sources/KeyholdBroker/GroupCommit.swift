@@ -14,7 +14,9 @@ import KeyholdVault
 final class GroupCommit: @unchecked Sendable {
     /// One caller's queued work. Fields are guarded by `GroupCommit.mutex`.
     private final class Member {
-        let work: (VaultStore) -> Bool
+        /// Let go by the leader once run: the caller's closure must not outlive its call
+        /// (`withoutActuallyEscaping`), and a finished member may return before `lead` does.
+        var work: ((VaultStore) -> Bool)?
         var finished = false
         var committed = false
         /// Signalled when this member is finished or should lead: one wake-up per member instead
@@ -90,22 +92,28 @@ final class GroupCommit: @unchecked Sendable {
         defer { if let before = raised { _ = ckh_thread_nice_set(before) } }
         withStore { store in
             committed = store.groupTransaction {
-                for (i, member) in group.enumerated() { results[i] = member.work(store) }
+                for (i, member) in group.enumerated() { results[i] = member.work?(store) ?? false }
             }
         }
 
         pthread_mutex_lock(mutex)
         for (i, member) in group.enumerated() {
+            member.work = nil
             member.committed = committed && results[i]
             member.finished = true
-            pthread_cond_signal(member.wake)
         }
         commits += 1
         membersCommitted += group.count
         leading = false
         // The oldest waiter leads next (unless a newcomer takes the lead first: then that
         // leader's commit finishes it, or hands on to it again).
-        if let next = queue.first { pthread_cond_signal(next.wake) }
+        let next = queue.first
+        // Woken after the mutex is let go, so a woken member does not at once block on it.
+        // The members stay alive meanwhile: `group` and `next` hold them.
+        pthread_mutex_unlock(mutex)
+        if let next { pthread_cond_signal(next.wake) }
+        for member in group { pthread_cond_signal(member.wake) }
+        pthread_mutex_lock(mutex)
     }
 
     /// How much the leader's thread is favoured while it leads: nice 10 lower weighs about nine
