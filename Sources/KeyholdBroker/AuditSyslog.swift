@@ -85,7 +85,7 @@ final class AuditSyslog: Sendable {
     /// Connects a fresh socket to the path and puts it behind `fd`; false (and no new try for
     /// a second) when nothing receives there.
     private func reconnect() -> Bool {
-        let now = Self.monotonicMilliseconds()
+        let now = MonotonicClock.milliseconds()
         guard now >= nextAttempt.load(ordering: .relaxed) else { return false }
         let fresh = Self.newSocket()
         defer { if fresh >= 0 { close(fresh) } }
@@ -97,11 +97,5 @@ final class AuditSyslog: Sendable {
         nextAttempt.store(0, ordering: .relaxed)
         connected.store(true, ordering: .relaxed)
         return true
-    }
-
-    private static func monotonicMilliseconds() -> Int64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return Int64(ts.tv_sec) * 1_000 + Int64(ts.tv_nsec) / 1_000_000
     }
 }

@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCore
 
 /// Other secret stores the CLI is compared with, when installed and usable on this machine.
 /// Each is set up with one bench item first; a store that cannot be set up is skipped with
@@ -13,7 +14,7 @@ enum OtherStores {
         guard let tool = installed("secret-tool") else { print("secret-tool: not installed; skipped"); return nil }
         let lookup = ["lookup", "service", "bench.example", "account", "user-1"]
         if getenv("DBUS_SESSION_BUS_ADDRESS") == nil {
-            guard let started = PrivateKeyring.start(in: dir + "/keyring", tool: tool) else { return nil }
+            guard let started = PrivateKeyring.start(in: dir + "/keyring", lookup: [tool] + lookup) else { return nil }
             return ((tool, { lookup }, started.environment), started.stop)
         }
         guard run(tool, ["store", "--label=keyhold bench", "service", "bench.example", "account", "user-1"],
@@ -47,7 +48,8 @@ enum OtherStores {
 /// unencrypted textual format (no unlock prompt on a machine without a person): the fastest
 /// gnome-keyring can answer, so a lower bound for it.
 enum PrivateKeyring {
-    static func start(in dir: String, tool: String) -> (environment: [String], stop: () -> Void)? {
+    /// `lookup`: the secret-tool command line that must find the bench item once it is up.
+    static func start(in dir: String, lookup: [String]) -> (environment: [String], stop: () -> Void)? {
         guard let busDaemon = installed("dbus-daemon"), let keyring = installed("gnome-keyring-daemon") else {
             print("secret-tool: installed, but no session bus and no dbus-daemon / gnome-keyring-daemon to start one; skipped")
             return nil
@@ -109,7 +111,7 @@ enum PrivateKeyring {
         daemons.append(keyringDaemon)
         // Until it answers for the item (it loads the file at start), each try under a time limit:
         // a bus or keyring that never answers is skipped, not waited for.
-        let probe = ["5", tool, "lookup", "service", "bench.example", "account", "user-1"]
+        let probe = ["5"] + lookup
         var answered = false
         for _ in 0..<50 where !answered {
             answered = run("/usr/bin/timeout", probe, environment: environment) == 0
@@ -137,7 +139,6 @@ enum PrivateKeyring {
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         guard fd >= 0 else { return false }
         defer { close(fd) }
-        let bytes = Array(text.utf8)
-        return bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) } == bytes.count
+        return DescriptorIO.writeAll(fd, text) == 0
     }
 }
