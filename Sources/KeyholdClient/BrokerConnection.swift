@@ -90,6 +90,11 @@ final class BrokerConnection {
     }
 
     func receive() throws(KeyholdError) -> BrokerMessage {
+        // Wait in poll, not in a blocking read: a thread blocked in a Unix socket's read is
+        // woken by every event on the socket, including the broker reading our request (the
+        // kernel's write-space wake-up), and would wake once for nothing per request; poll
+        // wakes only for data, a hangup or an error. A failed poll leaves the read to block.
+        _ = ckh_poll1(fd, Int32(POLLIN), -1)
         do throws(FrameError) {
             guard let payload = try Frame.read(from: fd) else { throw FrameError.truncated }
             answered = true
