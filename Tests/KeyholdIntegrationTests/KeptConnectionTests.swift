@@ -103,16 +103,8 @@ extension HostileLocalUserTests {
 @Suite struct KeptConnectionRetryTests {
     @Test func aKeptConnectionClosedBeforeItsRequestWasReadIsRetriedOnANewOne() throws {
         let path = TestPaths.temporaryDirectory("kh-oneshot") + "/k.sock"
-        let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var addr = sockaddr_un()
-        addr.sun_family = sa_family_t(AF_UNIX)
-        withUnsafeMutableBytes(of: &addr.sun_path) { buf in
-            for (i, b) in path.utf8.enumerated() { buf[i] = b }
-        }
-        let bound = withUnsafePointer(to: &addr) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        try #require(bound == 0 && listen(listener, 64) == 0)
+        let listener = listeningUnixSocket(at: path, backlog: 64)
+        try #require(listener >= 0)
         let served = Atomic<Int>(0)
         Thread.detachNewThread {
             while true {
