@@ -50,20 +50,3 @@ public func expectSecret(_ actual: String?, equals expected: String?,
                          _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
     expectSecret(actual?.utf8, equals: expected?.utf8, comment, sourceLocation: sourceLocation)
 }
-
-/// A listening Unix stream socket (close-on-exec) bound at `path`, for a test that plays the
-/// broker's side of a connection; -1 when it could not be bound or listen.
-public func listeningUnixSocket(at path: String, backlog: Int32) -> Int32 {
-    let listener = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-    guard listener >= 0 else { return -1 }
-    var addr = sockaddr_un()
-    addr.sun_family = sa_family_t(AF_UNIX)
-    let bytes = Array(path.utf8)
-    guard bytes.count < MemoryLayout.size(ofValue: addr.sun_path) else { close(listener); return -1 }
-    withUnsafeMutableBytes(of: &addr.sun_path) { raw in raw.copyBytes(from: bytes); raw[bytes.count] = 0 }
-    let bound = withUnsafePointer(to: &addr) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
-    guard bound == 0, listen(listener, backlog) == 0 else { close(listener); return -1 }
-    return listener
-}
