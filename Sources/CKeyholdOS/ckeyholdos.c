@@ -110,7 +110,7 @@ int ckh_set_passcred(int fd) {
 int ckh_peer_pidfd(int fd) {
     int pidfd = -1;
     socklen_t len = sizeof(pidfd);
-    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) != 0) return -1;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) != 0) return errno > 0 ? -errno : -EIO;
     return pidfd;
 }
 

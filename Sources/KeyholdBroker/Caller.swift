@@ -9,14 +9,18 @@ import KeyholdProtocol
 struct Peer: Sendable {
     let pid: Int32
     let uid: UInt32
-    /// `SO_PEERPIDFD`, or `pidfd_open` of the peer pid where the kernel lacks it; -1 if neither.
+    /// `SO_PEERPIDFD`, or `pidfd_open` of the peer pid where the kernel lacks that option; -1
+    /// if neither.
     let pidfd: Int32
 
     init(fd: Int32, pid: Int32, uid: UInt32) {
         self.pid = pid
         self.uid = uid
         let fromSocket = ckh_peer_pidfd(fd)
-        pidfd = fromSocket >= 0 ? fromSocket : ckh_pidfd_open(pid)
+        // Only a kernel without the option is asked by pid number. Where the option exists but
+        // gives no pidfd (a kernel that cannot name a peer already reaped), the number may name
+        // another process by now (PIDReuseTests): the peer then counts as gone.
+        pidfd = fromSocket >= 0 ? fromSocket : fromSocket == -ENOPROTOOPT ? ckh_pidfd_open(pid) : -1
     }
 
     var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }

@@ -32,7 +32,8 @@ int ckh_replace_fd(int fresh, int fd);
 long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid);
 /* SO_PASSCRED on: every message carries its sender's credentials (inherited by accepted sockets). */
 int ckh_set_passcred(int fd);
-/* A pidfd for the socket's peer (SO_PEERPIDFD), -1 where the kernel has none. */
+/* A pidfd for the socket's peer (SO_PEERPIDFD), else -errno: -ENOPROTOOPT where the kernel
+   has no such option (before Linux 6.5). */
 int ckh_peer_pidfd(int fd);
 /* pidfd_open(pid, 0). */
 int ckh_pidfd_open(int32_t pid);

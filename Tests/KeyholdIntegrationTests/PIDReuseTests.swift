@@ -1,0 +1,53 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdTestSupport
+
+/// A reused pid against an `--allow-exe` item (SECURITY.md, "PID reuse"): the connector sends
+/// its request and exits before the broker accepts; the process it handed the connection to
+/// forks until a child gets the connector's pid, and that child execs the allowed program,
+/// holding the connection alone. The sender's pid (`SCM_CREDENTIALS`) and the connector's
+/// (`SO_PEERCRED`) then both name the allowed program, the only holder of the connection; only
+/// the connector's own pidfd (`SO_PEERPIDFD`, which keeps naming the exited process) tells that
+/// the process that connected is gone.
+extension HostileLocalUserTests {
+    @Test func aConnectorWhosePIDTheAllowedProgramTakesIsRefused() throws {
+        let user = try TestUser(prefix: "khp")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "allowed", "x", "--allow-exe", Self.sleepExe], stdin: Array("reuse-secret".utf8), asUser: user.name).status == 0)
+        let broker = try #require(b.process?.processIdentifier)
+        // Stopped, the broker accepts nothing: the request waits in the listening socket's queue
+        // until the allowed program runs under the connector's pid.
+        kill(broker, SIGSTOP)
+        var stopped = true
+        defer { if stopped { kill(broker, SIGCONT) } }
+        // As root: only root can point the pid allocator (ns_last_pid); the connector and the
+        // allowed program run as the user. An unprivileged attacker forks round the pid space
+        // instead (32,768 pids here), which only takes longer.
+        let r = runCommand("/usr/bin/python3", [Self.client, "pidreuse", b.socketPath, Self.sleepExe, "allowed", "x", "\(user.uid)"])
+        let json = (try? JSONSerialization.jsonObject(with: Data(r.stdout))) as? [String: Any] ?? [:]
+        let connector = try #require((json["sender"] as? Int).map(Int32.init), "\(r.stdoutText) \(r.stderr)")
+        try #require(json["spawned"] as? Int == Int(connector), "the allowed program got the connector's pid: \(json)")
+        try #require(Self.waitForExecutable(pid: connector, Self.sleepExe), "pid \(connector) runs \(Self.sleepExe): \(json), \(r.stderr)")
+        defer { kill(connector, SIGKILL) }  // the allowed program, as checked just above
+
+        kill(broker, SIGCONT)
+        stopped = false
+        var entry: [String: Any]?
+        for _ in 0..<500 where entry == nil {
+            entry = auditEntries(b).first { ($0["reason"] as? String) == "pidreuse" }
+            if entry == nil { usleep(20_000) }
+        }
+        #expect(entry?["outcome"] as? String == "not-authorized", "\(String(describing: entry))")
+        #expect(entry?["pid"] as? Int == Int(connector), "\(String(describing: entry))")
+        #expect(!auditEntries(b).contains { ($0["reason"] as? String) == "pidreuse" && ($0["outcome"] as? String) == "ok" })
+    }
+
+    static func waitForExecutable(pid: Int32, _ exe: String, seconds: Int = 5) -> Bool {
+        for _ in 0..<(seconds * 100) {
+            if (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")) == exe { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+}
