@@ -116,6 +116,8 @@ int ckh_peer_pidfd(int fd) {
 
 int ckh_pidfd_open(int32_t pid) { return (int)syscall(SYS_pidfd_open, (pid_t)pid, 0); }
 
+int ckh_dup_cloexec(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+
 int ckh_pidfd_alive(int pidfd) {
     struct pollfd p = { .fd = pidfd, .events = POLLIN, .revents = 0 };
     int r = poll(&p, 1, 0);

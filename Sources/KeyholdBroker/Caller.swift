@@ -35,7 +35,8 @@ struct Caller: Sendable {
     let uid: UInt32
     /// The sender of the request (the connection's peer when no credentials came).
     let pid: Int32
-    /// `/proc/PID/exe` of the sender, read after its request arrived; "?" when unreadable.
+    /// `/proc/PID/exe` of the sender, read after its request arrived; "?" when unreadable, or
+    /// when the sender had exited by the time it was read (the pid may name another process).
     let executable: String
     /// What only a gated release needs (session, terminal, start time, account name, remote
     /// host), read when first asked for: a `policy none` get reads none of it.
@@ -68,10 +69,14 @@ struct Caller: Sendable {
         } else {
             pid = senders[0].pid
         }
-        // A pidfd taken before /proc is read: if it is still alive afterwards, the executable is this process's.
-        let process = SenderProcess(pid: pid)
-        let executable = CallerFacts.readExecutable(pid: pid)
-        if !process.confirmArrival() { problem = problem ?? "the sender exited before it could be identified" }
+        // A pidfd taken before /proc is read: if it is still alive afterwards, the executable is
+        // this process's; if not, the pid may name another process by then, so it is unknown.
+        let process = SenderProcess(pid: pid, connectorPIDFD: pid == peer.pid ? peer.pidfd : -1)
+        var executable = CallerFacts.readExecutable(pid: pid)
+        if !process.confirmArrival() {
+            problem = problem ?? "the sender exited before it could be identified"
+            executable = nil
+        }
         var caller = Caller(uid: peer.uid, pid: pid, executable: executable ?? "?",
                             onDemand: CallerOnDemand(uid: peer.uid, process: process))
         caller.socket = fd
@@ -93,9 +98,9 @@ struct Caller: Sendable {
 
     /// The peer alone, for a connection whose request could not be read.
     static func identify(socket fd: Int32, peer: Peer) -> Caller {
-        let process = SenderProcess(pid: peer.pid)
-        let executable = CallerFacts.readExecutable(pid: peer.pid)
-        _ = process.confirmArrival()
+        let process = SenderProcess(pid: peer.pid, connectorPIDFD: peer.pidfd)
+        let read = CallerFacts.readExecutable(pid: peer.pid)
+        let executable = process.confirmArrival() ? read : nil
         var caller = Caller(uid: peer.uid, pid: peer.pid, executable: executable ?? "?",
                             onDemand: CallerOnDemand(uid: peer.uid, process: process))
         caller.socket = fd

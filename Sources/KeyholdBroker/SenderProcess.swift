@@ -34,9 +34,13 @@ final class SenderProcess: Sendable {
     private let pidfd: Int32
     private let state: Mutex<State>
 
-    init(pid: Int32) {
+    /// `connectorPIDFD`: the connection's own pidfd (`Peer`), when the sender's pid number is
+    /// the connector's. That pidfd is the kernel's answer for the process that connected; a
+    /// fresh `pidfd_open` of the number could name another process that took it after the
+    /// sender exited (PIDReuseTests), whose executable would then be recorded as the sender's.
+    init(pid: Int32, connectorPIDFD: Int32 = -1) {
         self.pid = pid
-        pidfd = ckh_pidfd_open(pid)
+        pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : ckh_pidfd_open(pid)
         state = Mutex(State())
     }
 

@@ -37,6 +37,8 @@ int ckh_set_passcred(int fd);
 int ckh_peer_pidfd(int fd);
 /* pidfd_open(pid, 0). */
 int ckh_pidfd_open(int32_t pid);
+/* A close-on-exec duplicate of fd, or -1. */
+int ckh_dup_cloexec(int fd);
 /* 1 while the process of a pidfd is alive, 0 once it has exited (or on error). */
 int ckh_pidfd_alive(int pidfd);
 /* poll of one descriptor: revents, 0 on timeout, -1 with errno (EINTR retried). */
