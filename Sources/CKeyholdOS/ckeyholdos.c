@@ -118,6 +118,16 @@ int ckh_pidfd_open(int32_t pid) { return (int)syscall(SYS_pidfd_open, (pid_t)pid
 
 int ckh_dup_cloexec(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
 
+int ckh_kernel_has_peer_pidfd(void) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) return -1;
+    int pidfd = ckh_peer_pidfd(pair[0]);
+    close(pair[0]);
+    close(pair[1]);
+    if (pidfd >= 0) { close(pidfd); return 1; }
+    return pidfd == -ENOPROTOOPT ? 0 : -1;
+}
+
 int ckh_pidfd_alive(int pidfd) {
     struct pollfd p = { .fd = pidfd, .events = POLLIN, .revents = 0 };
     int r = poll(&p, 1, 0);

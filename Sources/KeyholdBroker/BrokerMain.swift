@@ -74,6 +74,10 @@ public enum BrokerMain {
 
         // Before the socket listens: whoever can connect can also read how the key is kept.
         broker.log(KeyProtectorSetup.startLine(protector, options, bound: boundPCRs))
+        // Whether `--allow-exe` can tell the process that connected from one that took its pid.
+        broker.log(ckh_kernel_has_peer_pidfd() == 1 ? "callers: each connection names its process (SO_PEERPIDFD)"
+                   : "callers: no SO_PEERPIDFD on this kernel; --allow-exe checks the connecting process by pid number, "
+                     + "which a process that exits before it is accepted can leave to another (SECURITY.md, \"PID reuse\")")
         let listener: Int32
         do throws(ListenerError) {
             listener = try Listener.bind(path: options.socketPath, mode: options.socketMode)

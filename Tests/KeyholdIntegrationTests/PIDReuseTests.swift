@@ -16,6 +16,7 @@ extension HostileLocalUserTests {
         let b = try BrokerFixture()
         #expect(b.cli(["put", "allowed", "x", "--allow-exe", Self.sleepExe], stdin: Array("reuse-secret".utf8), asUser: user.name).status == 0)
         let broker = try #require(b.process?.processIdentifier)
+        #expect(b.brokerLog.contains("callers: each connection names its process (SO_PEERPIDFD)"), "\(b.brokerLog)")
         // Stopped, the broker accepts nothing: the request waits in the listening socket's queue
         // until the allowed program runs under the connector's pid.
         kill(broker, SIGSTOP)

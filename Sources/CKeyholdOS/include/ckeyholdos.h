@@ -39,6 +39,8 @@ int ckh_peer_pidfd(int fd);
 int ckh_pidfd_open(int32_t pid);
 /* A close-on-exec duplicate of fd, or -1. */
 int ckh_dup_cloexec(int fd);
+/* Whether this kernel has SO_PEERPIDFD: 1 yes, 0 no (ENOPROTOOPT), -1 unknown (probe failed). */
+int ckh_kernel_has_peer_pidfd(void);
 /* 1 while the process of a pidfd is alive, 0 once it has exited (or on error). */
 int ckh_pidfd_alive(int pidfd);
 /* poll of one descriptor: revents, 0 on timeout, -1 with errno (EINTR retried). */
