@@ -22,7 +22,7 @@ import KeyholdTestSupport
         try #require(listener >= 0)
         defer { shutdown(listener, Int32(SHUT_RDWR)); close(listener); unlink(path) }
 
-        let requests = 6
+        let requests = 10
         let clientTID = Atomic<Int32>(0)
         let unordered = Atomic<Int>(0)
         Thread.detachNewThread {
@@ -48,9 +48,9 @@ import KeyholdTestSupport
         let switches = try Self.voluntarySwitches() - before
 
         try #require(unordered.load(ordering: .relaxed) == 0, "the client was asleep before each request was read")
-        // One sleep per request; a little slack for a lock the runtime may wait on. Woken also by
-        // the read, the thread would switch twice per request (12 here).
-        #expect(switches <= requests + 2, "\(switches) voluntary context switches for \(requests) requests")
+        // One sleep per request; some slack for a lock the runtime may wait on under load. Woken
+        // also by the read, the thread would switch twice per request (20 here).
+        #expect(switches <= requests + 4, "\(switches) voluntary context switches for \(requests) requests")
         #expect(switches >= requests, "the client slept for each answer (the test's broker delayed every one)")
     }
 
