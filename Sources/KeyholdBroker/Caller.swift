@@ -14,13 +14,22 @@ struct Peer: Sendable {
     let pidfd: Int32
 
     init(fd: Int32, pid: Int32, uid: UInt32) {
-        self.pid = pid
-        self.uid = uid
         let fromSocket = ckh_peer_pidfd(fd)
         // Only a kernel without the option is asked by pid number. Where the option exists but
         // gives no pidfd (a kernel that cannot name a peer already reaped), the number may name
         // another process by now (PIDReuseTests): the peer then counts as gone.
-        pidfd = fromSocket >= 0 ? fromSocket : fromSocket == -ENOPROTOOPT ? ckh_pidfd_open(pid) : -1
+        let pidfd: Int32
+        if fromSocket >= 0 { pidfd = fromSocket }
+        else if fromSocket == -ENOPROTOOPT { pidfd = ckh_pidfd_open(pid) }
+        else { pidfd = -1 }
+        self.init(pid: pid, uid: uid, pidfd: pidfd)
+    }
+
+    /// A peer whose pidfd is already known (-1: none).
+    init(pid: Int32, uid: UInt32, pidfd: Int32) {
+        self.pid = pid
+        self.uid = uid
+        self.pidfd = pidfd
     }
 
     var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }
@@ -71,7 +80,7 @@ struct Caller: Sendable {
         }
         // A pidfd taken before /proc is read: if it is still alive afterwards, the executable is
         // this process's; if not, the pid may name another process by then, so it is unknown.
-        let process = SenderProcess(pid: pid, connectorPIDFD: pid == peer.pid ? peer.pidfd : -1)
+        let process = SenderProcess(pid: pid, connectorPIDFD: pid == peer.pid ? peer.pidfd : nil)
         var executable = CallerFacts.readExecutable(pid: pid)
         if !process.confirmArrival() {
             problem = problem ?? "the sender exited before it could be identified"

@@ -34,13 +34,18 @@ final class SenderProcess: Sendable {
     private let pidfd: Int32
     private let state: Mutex<State>
 
-    /// `connectorPIDFD`: the connection's own pidfd (`Peer`), when the sender's pid number is
-    /// the connector's. That pidfd is the kernel's answer for the process that connected; a
-    /// fresh `pidfd_open` of the number could name another process that took it after the
-    /// sender exited (PIDReuseTests), whose executable would then be recorded as the sender's.
-    init(pid: Int32, connectorPIDFD: Int32 = -1) {
+    /// `connectorPIDFD`: the connection's own pidfd (`Peer`, -1 when it has none), given when
+    /// the sender's pid number is the connector's. That pidfd is the kernel's answer for the
+    /// process that connected; a fresh `pidfd_open` of the number could name another process
+    /// that took it after the sender exited (PIDReuseTests), whose executable would then be
+    /// recorded as the sender's. nil: another sender, opened by its number.
+    init(pid: Int32, connectorPIDFD: Int32? = nil) {
         self.pid = pid
-        pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : ckh_pidfd_open(pid)
+        if let connectorPIDFD {
+            pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : -1
+        } else {
+            pidfd = ckh_pidfd_open(pid)
+        }
         state = Mutex(State())
     }
 

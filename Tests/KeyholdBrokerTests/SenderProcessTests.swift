@@ -1,6 +1,7 @@
 import Foundation
 import Glibc
 import Testing
+import CKeyholdOS
 import KeyholdAuth
 @testable import KeyholdProtocol
 @testable import KeyholdBroker
@@ -39,7 +40,8 @@ import KeyholdAuth
     }
 
     static func caller(sentBy pid: Int32) -> Caller {
-        let peer = Peer(fd: -1, pid: pid, uid: getuid())
+        // The connection's pidfd, as SO_PEERPIDFD would give it for this process.
+        let peer = Peer(pid: pid, uid: getuid(), pidfd: ckh_pidfd_open(pid))
         defer { peer.close() }
         return Caller.identify(socket: -1, peer: peer, senders: [FrameSender(pid: pid, uid: getuid(), gid: getgid())])
     }
