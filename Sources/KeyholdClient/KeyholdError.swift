@@ -11,7 +11,10 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case interactionNotAllowed
     case invalidated
     case lockedOut(secondsLeft: UInt64?)
-    case notAuthorized
+    /// With the broker's reason when it gives one (which rule refused: only root may prune the
+    /// audit log; the program is not on the item's `--allow-exe` list; the sender is not the
+    /// process that connected …).
+    case notAuthorized(String? = nil)
     case brokerUnavailable(String)
     case auditUnavailable
     /// With the broker's detail when it has one (a vault seen rolled back while serving).
@@ -54,7 +57,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .interactionNotAllowed: self = .interactionNotAllowed
         case .invalidated: self = .invalidated
         case .lockedOut: self = .lockedOut(secondsLeft: response.secondsLeft)
-        case .notAuthorized: self = .notAuthorized
+        case .notAuthorized: self = .notAuthorized(response.detail)
         case .brokerUnavailable: self = .brokerUnavailable(response.detail ?? "broker unavailable")
         case .auditUnavailable: self = .auditUnavailable
         case .integrityFailure: self = .integrityFailure(response.detail)
@@ -73,6 +76,7 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .invalidRequest(let why): why
         case .other(let why): why
         case .integrityFailure(let detail?): detail
+        case .notAuthorized(let reason?): "not authorized: \(reason)"
         default: outcome.description
         }
     }

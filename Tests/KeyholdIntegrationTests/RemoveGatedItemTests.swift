@@ -27,7 +27,9 @@ import KeyholdTestSupport
 
         // An allowed-executable item: only that program may remove it.
         #expect(cli(["put", "pinned", "me", "--allow-exe", "/usr/bin/git"], stdin: Array("pinned-token".utf8)).status == 0)
-        #expect(cli(["rm", "pinned", "me"], askpass: right).status == 10)
+        let refused = cli(["rm", "pinned", "me"], askpass: right)
+        #expect(refused.status == 10)
+        #expect(refused.stderr.contains("not authorized: this program may not read the item"), "\(refused.stderr)")
         #expect(cli(["put", "pinned", "me"], stdin: Array("attacker-token".utf8)).status == 4)
 
         // The person can remove it: the policy is satisfied, and the audit says how.
