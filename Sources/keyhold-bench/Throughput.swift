@@ -63,17 +63,42 @@ func measureThroughput(socketPath: String, items: Int, clients: Int, seconds: Do
 @MainActor func reportThroughput(socketPath: String, items: Int, brokerPID: Int32) {
     var single = 0.0
     for clients in [1, 4, 16, 64] {
-        let broker0 = cpuSeconds(pid: brokerPID), own0 = cpuSeconds(pid: getpid())
+        let broker0 = cpuSeconds(pid: brokerPID), own0 = cpuSeconds(pid: getpid()), machine0 = MachineTicks.now()
         let r = measureThroughput(socketPath: socketPath, items: items, clients: clients, seconds: 3)
         let gets = r.perSecond * 3
         let brokerCPU = (cpuSeconds(pid: brokerPID) - broker0) / gets, clientCPU = (cpuSeconds(pid: getpid()) - own0) / gets
+        let machine = MachineTicks.now().since(machine0)
         if clients == 1 { single = r.perSecond }
         let target = clients == 64 ? "target >= 8x 1 client, p99 < 10 ms" : ""
         report("get throughput, \(clients) client\(clients == 1 ? "" : "s"): gets/s (x 1 client), p50 / p99",
                String(format: "%.0f (%.1fx) %@ / %@", r.perSecond, r.perSecond / single, ms(r.p50) as NSString, ms(r.p99) as NSString),
                target)
         report("  CPU per get at \(clients): broker / client threads", String(format: "%.0f / %.0f us", brokerCPU * 1e6, clientCPU * 1e6),
-               String(format: "(2 cores allow %.0f gets/s at this cost)", 2 / (brokerCPU + clientCPU)))
+               String(format: "(2 cores allow %.0f gets/s at this cost; machine idle %.0f%%, stolen by the host %.0f%%)",
+                      2 / (brokerCPU + clientCPU), machine.idle * 100, machine.steal * 100))
+    }
+}
+
+/// The whole machine's CPU time from /proc/stat's first line: how much of a measurement the
+/// cores sat idle (idle and iowait: every thread waiting, e.g. for a group's fsync) and how much
+/// the hypervisor took (steal), which explains a rate below what "2 cores allow".
+struct MachineTicks {
+    var idle = 0.0, steal = 0.0, total = 0.0
+
+    static func now() -> MachineTicks {
+        guard let text = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
+              let line = text.split(separator: "\n").first, line.hasPrefix("cpu ") else { return MachineTicks() }
+        // user nice system idle iowait irq softirq steal (guest time is already in user)
+        let v = line.split(separator: " ").dropFirst().prefix(8).compactMap { Double($0) }
+        guard v.count == 8 else { return MachineTicks() }
+        return MachineTicks(idle: v[3] + v[4], steal: v[7], total: v.reduce(0, +))
+    }
+
+    /// Shares of the time between `earlier` and this reading (0 when nothing was counted).
+    func since(_ earlier: MachineTicks) -> MachineTicks {
+        let total = self.total - earlier.total
+        guard total > 0 else { return MachineTicks() }
+        return MachineTicks(idle: (idle - earlier.idle) / total, steal: (steal - earlier.steal) / total, total: total)
     }
 }
 
