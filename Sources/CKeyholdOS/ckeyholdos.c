@@ -72,16 +72,28 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 #ifndef SO_PEERPIDFD
 #define SO_PEERPIDFD 77
 #endif
+/* Linux 6.5's values, for headers older than the kernel (glibc 2.36's). */
+#ifndef SO_PASSPIDFD
+#define SO_PASSPIDFD 76
+#endif
+#ifndef SCM_PIDFD
+#define SCM_PIDFD 0x04
+#endif
 
-long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid) {
-    /* Room for the credentials and a few descriptors: any descriptor a peer passes is closed. */
-    union { struct cmsghdr align; char bytes[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(16 * sizeof(int))]; } control;
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid,
+                   int32_t *pidfd) {
+    /* Room for the credentials, the sender's pidfd and a few descriptors: any descriptor a peer
+       passes is closed. */
+    union {
+        struct cmsghdr align;
+        char bytes[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int)) + CMSG_SPACE(16 * sizeof(int))];
+    } control;
     struct iovec iov = { .iov_base = buf, .iov_len = len };
     struct msghdr msg;
     memset(&msg, 0, sizeof(msg));
     msg.msg_iov = &iov; msg.msg_iovlen = 1;
     msg.msg_control = control.bytes; msg.msg_controllen = sizeof(control.bytes);
-    *pid = -1; *uid = (uint32_t)-1; *gid = (uint32_t)-1;
+    *pid = -1; *uid = (uint32_t)-1; *gid = (uint32_t)-1; *pidfd = -1;
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
     if (n < 0) return -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
@@ -90,6 +102,13 @@ long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *
             struct ucred u;
             memcpy(&u, CMSG_DATA(c), sizeof(u));
             *pid = u.pid; *uid = u.uid; *gid = u.gid;
+        } else if (c->cmsg_type == SCM_PIDFD && c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+            /* The kernel's pidfd of the sender, or its error (a negative number) when it could
+               not make one, as for a sender already reaped on kernels before 6.16. */
+            int got;
+            memcpy(&got, CMSG_DATA(c), sizeof(int));
+            if (*pidfd >= 0) close(*pidfd);  /* never two; kept safe all the same */
+            *pidfd = got >= 0 ? got : -2;
         } else if (c->cmsg_type == SCM_RIGHTS) {
             size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
             for (size_t i = 0; i < count; i++) {
@@ -104,7 +123,12 @@ long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *
 
 int ckh_set_passcred(int fd) {
     int on = 1;
-    return setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on));
+    if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) != 0) return -1;
+    /* Where the kernel has it (6.5+); without it the credentials alone name the sender. */
+    int saved = errno;
+    (void)setsockopt(fd, SOL_SOCKET, SO_PASSPIDFD, &on, sizeof(on));
+    errno = saved;
+    return 0;
 }
 
 int ckh_peer_pidfd(int fd) {

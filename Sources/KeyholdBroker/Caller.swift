@@ -71,16 +71,19 @@ struct Caller: Sendable {
     static func identify(socket fd: Int32, peer: Peer, senders: [FrameSender]) -> Caller {
         var problem: String?
         var pid = peer.pid
+        var sent: FrameSender.Handle = .none
         if senders.count != 1 {
             problem = senders.isEmpty ? "the request came without sender credentials" : "the request was sent by more than one process"
         } else if senders[0].pid <= 0 {
             problem = "the request came without sender credentials"
         } else {
             pid = senders[0].pid
+            sent = senders[0].handle
         }
-        // A pidfd taken before /proc is read: if it is still alive afterwards, the executable is
-        // this process's; if not, the pid may name another process by then, so it is unknown.
-        let process = SenderProcess(pid: pid, connectorPIDFD: pid == peer.pid ? peer.pidfd : nil)
+        // A pidfd of the sender (the kernel's, else taken now) held while /proc is read: if it is
+        // still alive afterwards, the executable is this process's; if not, the pid may name
+        // another process by then, so it is unknown.
+        let process = SenderProcess(pid: pid, sent: sent, connectorPIDFD: pid == peer.pid ? peer.pidfd : nil)
         var executable = CallerFacts.readExecutable(pid: pid)
         if !process.confirmArrival() {
             problem = problem ?? "the sender exited before it could be identified"

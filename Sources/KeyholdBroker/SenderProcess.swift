@@ -2,6 +2,7 @@ import Glibc
 import Synchronization
 import CKeyholdOS
 import KeyholdAuth
+import KeyholdProtocol
 
 /// The process that sent a request, and what `/proc/PID/stat` says of it (session, terminal,
 /// start time) and its sshd ancestry, each read when first asked for: only a reuse window or
@@ -32,19 +33,33 @@ final class SenderProcess: Sendable {
     let pid: Int32
     /// -1 when none could be opened, or for facts given (the gate's unit tests).
     private let pidfd: Int32
+    /// Holds `pidfd` open when it is the one the kernel sent with the request.
+    private let received: SenderPIDFD?
     private let state: Mutex<State>
 
-    /// `connectorPIDFD`: the connection's own pidfd (`Peer`, -1 when it has none), given when
-    /// the sender's pid number is the connector's. That pidfd is the kernel's answer for the
-    /// process that connected; a fresh `pidfd_open` of the number could name another process
-    /// that took it after the sender exited (PIDReuseTests), whose executable would then be
-    /// recorded as the sender's. nil: another sender, opened by its number.
-    init(pid: Int32, connectorPIDFD: Int32? = nil) {
+    /// `sent`: what the kernel sent with the request (`SCM_PIDFD`): its pidfd names the process
+    /// that sent, also when it has exited and another took its pid (PIDReuseTests); *gone*: it
+    /// had exited, so its facts are unknown. Where the kernel sends none (before Linux 6.5):
+    /// `connectorPIDFD`, the connection's own pidfd (`Peer`, -1 when it has none), given when the
+    /// sender's pid number is the connector's, which is the kernel's answer for the process that
+    /// connected; otherwise a `pidfd_open` of the number, which could name another process that
+    /// took it after the sender exited (SECURITY.md, "PID reuse").
+    init(pid: Int32, sent: FrameSender.Handle = .none, connectorPIDFD: Int32? = nil) {
         self.pid = pid
-        if let connectorPIDFD {
-            pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : -1
-        } else {
-            pidfd = ckh_pidfd_open(pid)
+        switch sent {
+        case .open(let handle):
+            received = handle
+            pidfd = handle.fd
+        case .gone:
+            received = nil
+            pidfd = -1
+        case .none:
+            received = nil
+            if let connectorPIDFD {
+                pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : -1
+            } else {
+                pidfd = ckh_pidfd_open(pid)
+            }
         }
         state = Mutex(State())
     }
@@ -53,10 +68,11 @@ final class SenderProcess: Sendable {
     init(pid: Int32, known facts: Facts?, remoteHost: String?) {
         self.pid = pid
         pidfd = -1
+        received = nil
         state = Mutex(State(facts: .some(facts), remoteHost: .some(remoteHost)))
     }
 
-    deinit { if pidfd >= 0 { close(pidfd) } }
+    deinit { if received == nil && pidfd >= 0 { close(pidfd) } }
 
     private var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }
 

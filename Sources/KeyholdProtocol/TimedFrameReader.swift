@@ -3,11 +3,41 @@ import CKeyholdOS
 import KeyholdCore
 
 /// Who sent some bytes of a frame, as the kernel attached it to them (`SCM_CREDENTIALS`,
-/// taken at the time of each `send`). pid -1: the bytes came without credentials.
+/// taken at the time of each `send`, and `SCM_PIDFD`). pid -1: the bytes came without
+/// credentials. Two senders are the same when their pid, uid and gid are: the first bytes'
+/// pidfd is the one kept.
 public struct FrameSender: Sendable, Equatable {
     public let pid: Int32
     public let uid: UInt32
     public let gid: UInt32
+    /// The kernel's pidfd of the sender: it names the process that sent, also once that process
+    /// has exited and its pid number names another (where `pidfd_open` of the number would not).
+    public enum Handle: Sendable {
+        /// None came: a kernel without `SO_PASSPIDFD` (before 6.5).
+        case none
+        /// The kernel said it could make none: the sender had exited and been reaped (kernels
+        /// before 6.16; later ones give a pidfd of the exited process).
+        case gone
+        case open(SenderPIDFD)
+    }
+    public let handle: Handle
+
+    public init(pid: Int32, uid: UInt32, gid: UInt32, handle: Handle = .none) {
+        self.pid = pid
+        self.uid = uid
+        self.gid = gid
+        self.handle = handle
+    }
+
+    public static func == (a: FrameSender, b: FrameSender) -> Bool { a.pid == b.pid && a.uid == b.uid && a.gid == b.gid }
+}
+
+/// A pidfd received with a message, closed when its last holder lets go of it (the reader at
+/// its next frame, the broker's record of the sender at the end of the request).
+public final class SenderPIDFD: Sendable {
+    public let fd: Int32
+    public init(owning fd: Int32) { self.fd = fd }
+    deinit { close(fd) }
 }
 
 /// The broker's reader of client frames: a deadline for the whole frame (not per `read`), and
@@ -71,15 +101,17 @@ public struct TimedFrameReader {
                 if ready < 0 { throw .io(errno) }
                 if ready == 0 { throw .io(ETIMEDOUT) }
             }
-            var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0
-            let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), pollFirst ? 0 : 1, &pid, &uid, &gid)
+            var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0, pidfd: Int32 = -1
+            let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), pollFirst ? 0 : 1, &pid, &uid, &gid, &pidfd)
+            // Owned at once, so that it is closed on every path below.
+            let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .none
             pollFirst = true
             if r == 0 { break }
             if r < 0 {
                 if errno == EINTR || errno == EAGAIN { continue }
                 throw .io(errno)
             }
-            let sender = FrameSender(pid: pid, uid: uid, gid: gid)
+            let sender = FrameSender(pid: pid, uid: uid, gid: gid, handle: handle)
             if !senders.contains(sender) { senders.append(sender) }
             done += r
         }

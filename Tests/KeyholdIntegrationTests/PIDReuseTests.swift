@@ -48,6 +48,39 @@ extension HostileLocalUserTests {
         #expect(!auditEntries(b).contains { ($0["reason"] as? String) == "pidreuse" && ($0["outcome"] as? String) == "ok" })
     }
 
+    /// The same race against a sender that is not the connector: a child of the connector sends
+    /// the request on its connection and exits, and another process gets its pid and runs the
+    /// allowed program. The request is refused in any case (its sender did not connect); what
+    /// is tested is that its entry does not name the program that took the pid: the kernel
+    /// hands the broker a pidfd of each message's sender (`SO_PASSPIDFD`), which keeps naming
+    /// the exited child, where a `pidfd_open` of the number would open the newcomer.
+    @Test func aSenderWhosePIDAnotherProgramTakesIsNotNamedAsThatProgram() throws {
+        let user = try TestUser(prefix: "khp")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "allowed", "x", "--allow-exe", Self.sleepExe], stdin: Array("reuse-secret".utf8), asUser: user.name).status == 0)
+        let broker = try #require(b.process?.processIdentifier)
+        kill(broker, SIGSTOP)
+        var stopped = true
+        defer { if stopped { kill(broker, SIGCONT) } }
+        let r = runCommand("/usr/bin/python3", [Self.client, "pidreusesender", b.socketPath, Self.sleepExe, "allowed", "x", "\(user.uid)"])
+        let json = (try? JSONSerialization.jsonObject(with: Data(r.stdout))) as? [String: Any] ?? [:]
+        let sender = try #require((json["sender"] as? Int).map(Int32.init), "\(r.stdoutText) \(r.stderr)")
+        try #require(json["spawned"] as? Int == Int(sender), "the allowed program got the sender's pid: \(json)")
+        try #require(Self.waitForExecutable(pid: sender, Self.sleepExe), "pid \(sender) runs \(Self.sleepExe): \(json), \(r.stderr)")
+        defer { kill(sender, SIGKILL) }  // the allowed program, as checked just above
+
+        kill(broker, SIGCONT)
+        stopped = false
+        var entry: [String: Any]?
+        for _ in 0..<500 where entry == nil {
+            entry = auditEntries(b).first { ($0["reason"] as? String) == "pidreuse-sender" && ($0["pid"] as? Int) == Int(sender) }
+            if entry == nil { usleep(20_000) }
+        }
+        #expect(entry?["outcome"] as? String == "not-authorized", "\(String(describing: entry))")
+        #expect(entry?["executable"] as? String == "?", "the exited sender, not the program that took its pid: \(String(describing: entry))")
+        #expect(!auditEntries(b).contains { ($0["reason"] as? String) == "pidreuse-sender" && ($0["outcome"] as? String) == "ok" })
+    }
+
     static func waitForExecutable(pid: Int32, _ exe: String, seconds: Int = 5) -> Bool {
         for _ in 0..<(seconds * 100) {
             if (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/exe")) == exe { return true }

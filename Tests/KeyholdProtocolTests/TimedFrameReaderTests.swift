@@ -55,6 +55,40 @@ struct TimedFrameReaderTests {
         #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000) == nil)
     }
 
+    /// With `SO_PASSPIDFD` (Linux 6.5+) each sender comes with the kernel's pidfd of it, which
+    /// names the process that sent; the reader holds it only until its next frame.
+    @Test(.enabled(if: Self.kernelPassesPIDFDs)) func eachSenderComesWithItsPIDFDHeldUntilTheNextFrame() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        var on: Int32 = 1
+        try #require(setsockopt(r, SOL_SOCKET, Self.soPassPIDFD, &on, socklen_t(MemoryLayout<Int32>.size)) == 0)
+        var reader = TimedFrameReader(fd: r)
+        weak var previous: SenderPIDFD?
+        for i in 0..<50 {
+            let frame: [UInt8] = [0, 0, 0, 2, 7, UInt8(i)]
+            #expect(write(w, frame, frame.count) == frame.count)
+            _ = try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)
+            // The last frame's pidfd was let go (and so closed: SenderPIDFD's deinit).
+            #expect(previous == nil, "frame \(i): the previous frame's pidfd is still held")
+            guard case .open(let handle)? = reader.senders.first?.handle else {
+                Issue.record("frame \(i): no pidfd came with the bytes: \(reader.senders)")
+                return
+            }
+            let info = (try? String(contentsOfFile: "/proc/self/fdinfo/\(handle.fd)", encoding: .utf8)) ?? ""
+            #expect(info.split(separator: "\n").contains("Pid:\t\(getpid())"), "frame \(i): \(info)")
+            previous = handle
+        }
+    }
+
+    /// Not in glibc 2.36's headers; Linux's value.
+    static let soPassPIDFD: Int32 = 76
+    static var kernelPassesPIDFDs: Bool {
+        let s = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(s) }
+        var on: Int32 = 1
+        return setsockopt(s, SOL_SOCKET, soPassPIDFD, &on, socklen_t(MemoryLayout<Int32>.size)) == 0
+    }
+
     /// The payload is first read without waiting (it usually came with its header); one that
     /// comes later, in parts, is still waited for and read whole, and a second frame sent in
     /// the same write is left for the next read.

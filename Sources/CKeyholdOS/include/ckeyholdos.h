@@ -27,10 +27,15 @@ int ckh_bind_unix(int fd, const char *path);
    thread using `fd` meanwhile sees the old socket or the new one), close-on-exec throughout. */
 int ckh_replace_fd(int fresh, int fd);
 /* recvmsg of up to len bytes with the sender's SCM_CREDENTIALS (pid -1 when none came with
-   them); any descriptors passed along are closed. Bytes read, 0 at end of stream, -1 with errno.
+   them) and SCM_PIDFD: *pidfd is the sender's pidfd, which the caller must close; -1 when none
+   came (a kernel before 6.5), -2 when the kernel said it could make none. Any descriptors passed
+   along are closed. Bytes read, 0 at end of stream, -1 with errno (no pidfd then).
    dontwait: MSG_DONTWAIT (-1 with EAGAIN when nothing is there yet). */
-long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid);
-/* SO_PASSCRED on: every message carries its sender's credentials (inherited by accepted sockets). */
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid,
+                   int32_t *pidfd);
+/* SO_PASSCRED on, and SO_PASSPIDFD where the kernel has it: every message carries its sender's
+   credentials and a pidfd of it (both inherited by accepted sockets). 0, or -1 with errno when
+   SO_PASSCRED could not be set. */
 int ckh_set_passcred(int fd);
 /* A pidfd for the socket's peer (SO_PEERPIDFD), else -errno: -ENOPROTOOPT where the kernel
    has no such option (before Linux 6.5). */
