@@ -71,7 +71,7 @@ struct Caller: Sendable {
     static func identify(socket fd: Int32, peer: Peer, senders: [FrameSender]) -> Caller {
         var problem: String?
         var pid = peer.pid
-        var sent: FrameSender.Handle = .none
+        var sent: FrameSender.Handle = .notSent
         if senders.count != 1 {
             problem = senders.isEmpty ? "the request came without sender credentials" : "the request was sent by more than one process"
         } else if senders[0].pid <= 0 {

@@ -44,7 +44,7 @@ final class SenderProcess: Sendable {
     /// sender's pid number is the connector's, which is the kernel's answer for the process that
     /// connected; otherwise a `pidfd_open` of the number, which could name another process that
     /// took it after the sender exited (SECURITY.md, "PID reuse").
-    init(pid: Int32, sent: FrameSender.Handle = .none, connectorPIDFD: Int32? = nil) {
+    init(pid: Int32, sent: FrameSender.Handle = .notSent, connectorPIDFD: Int32? = nil) {
         self.pid = pid
         switch sent {
         case .open(let handle):
@@ -53,7 +53,7 @@ final class SenderProcess: Sendable {
         case .gone:
             received = nil
             pidfd = -1
-        case .none:
+        case .notSent:
             received = nil
             if let connectorPIDFD {
                 pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : -1

@@ -14,7 +14,7 @@ public struct FrameSender: Sendable, Equatable {
     /// has exited and its pid number names another (where `pidfd_open` of the number would not).
     public enum Handle: Sendable {
         /// None came: a kernel without `SO_PASSPIDFD` (before 6.5).
-        case none
+        case notSent
         /// The kernel said it could make none: the sender had exited and been reaped (kernels
         /// before 6.16; later ones give a pidfd of the exited process).
         case gone
@@ -22,7 +22,7 @@ public struct FrameSender: Sendable, Equatable {
     }
     public let handle: Handle
 
-    public init(pid: Int32, uid: UInt32, gid: UInt32, handle: Handle = .none) {
+    public init(pid: Int32, uid: UInt32, gid: UInt32, handle: Handle = .notSent) {
         self.pid = pid
         self.uid = uid
         self.gid = gid
@@ -104,7 +104,7 @@ public struct TimedFrameReader {
             var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0, pidfd: Int32 = -1
             let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), pollFirst ? 0 : 1, &pid, &uid, &gid, &pidfd)
             // Owned at once, so that it is closed on every path below.
-            let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .none
+            let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
             pollFirst = true
             if r == 0 { break }
             if r < 0 {
