@@ -19,10 +19,12 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
     case auditUnavailable
     /// With the broker's detail when it has one (a vault seen rolled back while serving).
     case integrityFailure(String? = nil)
-    /// The item changed since it was read (exit code 14).
-    case conflict
-    /// The broker is at this uid's connection cap or audit budget (exit 15); retried ~3 s first.
-    case busy
+    /// The item changed since it was read (exit code 14), with the broker's account of how when
+    /// it gives one (the generation the item is at; another rotation did not finish).
+    case conflict(String? = nil)
+    /// The broker is at this uid's connection cap or audit budget, or another authentication,
+    /// verify or sealing of this user is in flight (exit 15), with which; retried ~3 s first.
+    case busy(String? = nil)
     /// The request itself is wrong (too large, a bad policy): exit code 2.
     case invalidRequest(String)
     /// Anything else, including a broker that spoke garbage.
@@ -61,8 +63,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .brokerUnavailable: self = .brokerUnavailable(response.detail ?? "broker unavailable")
         case .auditUnavailable: self = .auditUnavailable
         case .integrityFailure: self = .integrityFailure(response.detail)
-        case .conflict: self = .conflict
-        case .busy: self = .busy
+        case .conflict: self = .conflict(response.detail)
+        case .busy: self = .busy(response.detail)
         case .usage: self = .invalidRequest(response.detail ?? "invalid request")
         case .ok, .otherError: self = .other(response.detail ?? "error")
         }
@@ -77,6 +79,8 @@ public enum KeyholdError: Error, Equatable, CustomStringConvertible {
         case .other(let why): why
         case .integrityFailure(let detail?): detail
         case .notAuthorized(let reason?): "not authorized: \(reason)"
+        case .conflict(let how?): "conflict: \(how); nothing was changed"
+        case .busy(let which?): "busy: \(which)"
         default: outcome.description
         }
     }

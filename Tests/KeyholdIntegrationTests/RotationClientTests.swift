@@ -66,10 +66,10 @@ import KeyholdTestSupport
         }
         // A KeyholdError thrown by the body reaches the caller as it is.
         do throws(KeyholdError) {
-            _ = try vault.rotate(service: "idp", account: "me") { _ in throw KeyholdError.conflict }
+            _ = try vault.rotate(service: "idp", account: "me") { _ in throw KeyholdError.conflict() }
             Issue.record("rotate returned although its body threw")
         } catch {
-            #expect(error == .conflict)
+            #expect(error == .conflict())
         }
         #expect(!audit(b).contains("update granted ok"))
         let unchanged = try stored(vault)

@@ -111,6 +111,8 @@ import KeyholdTestSupport
         #expect(right.status == 0, "\(right.stderr)")
         let stale = b.cli(["put", "idp", "me", "--update", "--if-generation", "1"], stdin: Array("three".utf8))
         #expect(stale.status == 14, "\(stale.stderr)")
+        // The broker's account reaches the user: where the item is now.
+        #expect(stale.stderr.contains("conflict: the item is at generation 2; nothing was changed"), "\(stale.stderr)")
         expectSecret(current(b).secret, equals: "two")
         #expect(current(b).generation == 2)
 
@@ -118,6 +120,7 @@ import KeyholdTestSupport
         #expect(b.cli(["rm", "idp", "me"]).status == 0)
         let gone = b.cli(["put", "idp", "me", "--update", "--if-generation", "2"], stdin: Array("four".utf8))
         #expect(gone.status == 14, "\(gone.stderr)")
+        #expect(gone.stderr.contains("conflict: the item does not exist (expected generation 2)"), "\(gone.stderr)")
         #expect(b.cli(["state", "idp", "me"]).stdoutText == "not-found\n")
     }
 
