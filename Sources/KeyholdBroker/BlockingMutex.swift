@@ -31,24 +31,3 @@ final class BlockingMutex<Value>: @unchecked Sendable {
         return try body(value)
     }
 }
-
-/// A pthread mutex and a condition variable used with it, allocated and freed together (the
-/// group commit's queue and committer, a connection's pending answer).
-final class ConditionMutex: @unchecked Sendable {
-    let mutex: UnsafeMutablePointer<pthread_mutex_t>
-    let condition: UnsafeMutablePointer<pthread_cond_t>
-
-    init() {
-        mutex = .allocate(capacity: 1)
-        pthread_mutex_init(mutex, nil)
-        condition = .allocate(capacity: 1)
-        pthread_cond_init(condition, nil)
-    }
-
-    deinit {
-        pthread_cond_destroy(condition)
-        condition.deallocate()
-        pthread_mutex_destroy(mutex)
-        mutex.deallocate()
-    }
-}

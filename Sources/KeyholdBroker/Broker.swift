@@ -148,38 +148,15 @@ public final class Broker: Sendable {
     func transact<R>(_ record: AuditRecord, _ body: (VaultStore) throws(StoreError) -> R,
                      discard: (R) -> Void = { _ in }) -> Result<R, StoreError> {
         var result: Result<R, StoreError> = .failure(.auditWriteFailed)
-        let committed = group.run({ store in Self.member(body, store, into: &result) }, withStore: { work in withStore(work) })
-        return settle(record, result, committed: committed, discard: discard)
-    }
-
-    /// `transact` for a caller that does not wait: `answer` gets the same result on the thread
-    /// of the leader whose commit holds the entry, once that commit is done (GroupCommit.submit).
-    /// The session of a `get` answers this way, so no thread is woken per get to send it.
-    func transact<R>(_ record: AuditRecord, _ body: @escaping (VaultStore) throws(StoreError) -> R,
-                     discard: @escaping (R) -> Void, answer: @escaping (Result<R, StoreError>) -> Void) {
-        let result = MemberResult<R>()
-        group.submit({ store in Self.member(body, store, into: &result.value) }, answer: { [self] committed in
-            answer(settle(record, result.value, committed: committed, discard: discard))
-        }, withStore: { [self] work in withStore(work) })
-    }
-
-    /// One member's work as a nested transaction; false when it failed (its writes undone).
-    private static func member<R>(_ body: (VaultStore) throws(StoreError) -> R, _ store: VaultStore,
-                                  into result: inout Result<R, StoreError>) -> Bool {
-        do throws(StoreError) {
-            result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
-            return true
-        } catch {
-            result = .failure(error)
-            return false
-        }
-    }
-
-    /// After the commit: a value whose commit failed is discarded (`.auditWriteFailed`), and
-    /// the entry's system-log copy or failure is recorded.
-    private func settle<R>(_ record: AuditRecord, _ result: Result<R, StoreError>, committed: Bool,
-                           discard: (R) -> Void) -> Result<R, StoreError> {
-        var result = result
+        let committed = group.run({ store in
+            do throws(StoreError) {
+                result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
+                return true
+            } catch {
+                result = .failure(error)
+                return false
+            }
+        }, withStore: { work in withStore(work) })
         if case .success(let value) = result, !committed {
             discard(value)
             result = .failure(.auditWriteFailed)
@@ -204,7 +181,6 @@ public final class Broker: Sendable {
     }
 
     func close() {
-        group.stop()
         store.withLock { closeVault($0) }
     }
 
@@ -222,10 +198,4 @@ public final class Broker: Sendable {
         let text = "keyholdd: \(line)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
     }
-}
-
-/// A submitted member's result: set by the leader while it runs the member's work, read by
-/// the same leader when it answers (GroupCommit.submit).
-final class MemberResult<R>: @unchecked Sendable {
-    var value: Result<R, StoreError> = .failure(.auditWriteFailed)
 }

@@ -1,6 +1,5 @@
 import Glibc
 import CKeyholdOS
-import KeyholdCore
 import KeyholdVault
 
 /// Audit group commit. Each caller hands its store work (an audit entry, and the change or
@@ -12,12 +11,6 @@ import KeyholdVault
 ///
 /// Members' work must be short and never block (no PAM, no socket I/O): it runs under the
 /// store lock, on the leader's thread.
-///
-/// A member may also be *submitted* (`submit`): its caller does not wait, and the leader runs
-/// its `answer` after the commit that holds it (a `get` whose answer the leader sends: no
-/// thread is woken per member to send it). Whoever submits when no one leads leads that one
-/// group; members left queued behind it are led by the committer thread, so no caller's own
-/// thread leads group after group while its client waits.
 final class GroupCommit: @unchecked Sendable {
     /// One caller's queued work. Fields are guarded by `GroupCommit.mutex`.
     private final class Member {
@@ -26,9 +19,6 @@ final class GroupCommit: @unchecked Sendable {
         var work: ((VaultStore) -> Bool)?
         var finished = false
         var committed = false
-        /// A submitted member's continuation, run by the leader once the commit is done
-        /// (with whether it holds this member's work); nil for a member whose caller waits.
-        var answer: ((Bool) -> Void)?
         /// Signalled when this member is finished or should lead: one wake-up per member instead
         /// of a broadcast that woke every waiter after every commit.
         let wake: UnsafeMutablePointer<pthread_cond_t>
@@ -43,16 +33,9 @@ final class GroupCommit: @unchecked Sendable {
         }
     }
 
-    /// Guards the queue and the state below; its condition wakes the committer thread.
-    private let state = ConditionMutex()
-    private var mutex: UnsafeMutablePointer<pthread_mutex_t> { state.mutex }
-    private var committerWake: UnsafeMutablePointer<pthread_cond_t> { state.condition }
+    private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private var queue: [Member] = []
     private var leading = false
-    /// The committer thread: started at the first submitted member left queued behind a group,
-    /// it leads while submitted members are queued and no one leads; it ends at `stop`.
-    private var committerStarted = false, stopping = false, committerRunning = false
-    private var committerStore: (((VaultStore) -> Void) -> Void)?
     /// Members per commit, for the benchmark's and the tests' view of batching.
     private(set) var commits = 0
     private(set) var membersCommitted = 0
@@ -62,6 +45,16 @@ final class GroupCommit: @unchecked Sendable {
         pthread_mutex_lock(mutex)
         defer { pthread_mutex_unlock(mutex) }
         return queue.count
+    }
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        pthread_mutex_init(mutex, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
     }
 
     /// Runs `work` in the next group and returns whether the commit holding it succeeded.
@@ -81,87 +74,9 @@ final class GroupCommit: @unchecked Sendable {
                 }
             }
             let committed = member.committed
-            handOnAfterLeading()
             pthread_mutex_unlock(mutex)
             return committed
         }
-    }
-
-    /// Queues `work` and returns without waiting for its commit; `answer` then runs on the
-    /// leader's thread with whether the commit holding the work succeeded (and the work itself
-    /// did). Leads one group when no one leads. `answer` must not block for long: the leader
-    /// runs the answers of its whole group one after another (a send that does not wait).
-    func submit(_ work: @escaping (VaultStore) -> Bool, answer: @escaping (Bool) -> Void,
-                withStore: @escaping ((VaultStore) -> Void) -> Void) {
-        let member = Member(work)
-        member.answer = answer
-        pthread_mutex_lock(mutex)
-        if stopping {
-            // The vault is closing: nothing is written, so nothing is released.
-            pthread_mutex_unlock(mutex)
-            answer(false)
-            return
-        }
-        committerStore = withStore
-        queue.append(member)
-        if !leading { lead(withStore) }
-        handOnAfterLeading()
-        pthread_mutex_unlock(mutex)
-    }
-
-    /// Called with the mutex held by a thread that has just led (or found the lead taken): a
-    /// waiting member next in line is woken to lead; submitted members with no one leading
-    /// are the committer thread's.
-    private func handOnAfterLeading() {
-        guard !leading, let first = queue.first else { return }
-        if first.answer == nil {
-            pthread_cond_signal(first.wake)
-        } else {
-            startCommitterIfNeeded()
-            pthread_cond_signal(committerWake)
-        }
-    }
-
-    private func startCommitterIfNeeded() {
-        guard !committerStarted else { return }
-        committerStarted = true
-        committerRunning = true
-        let started = DetachedThread.start(stackBytes: 256 * 1024) { [self] in commit() }
-        if !started { committerStarted = false; committerRunning = false }
-    }
-
-    /// The committer thread's loop: leads while submitted members are queued and no one leads.
-    private func commit() {
-        pthread_mutex_lock(mutex)
-        while !stopping {
-            if !leading, let store = committerStore, !queue.isEmpty {
-                lead(store)
-                handOnAfterLeading()
-            } else {
-                pthread_cond_wait(committerWake, mutex)
-            }
-        }
-        committerRunning = false
-        pthread_cond_broadcast(committerWake)
-        pthread_mutex_unlock(mutex)
-    }
-
-    /// Ends the committer thread once the members queued so far are led (the broker's close).
-    func stop() {
-        pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        while !queue.isEmpty || leading {
-            if !leading, let store = committerStore {
-                lead(store)
-            } else {
-                pthread_mutex_unlock(mutex)
-                usleep(1_000)
-                pthread_mutex_lock(mutex)
-            }
-        }
-        stopping = true
-        pthread_cond_broadcast(committerWake)
-        while committerRunning { pthread_cond_wait(committerWake, mutex) }
     }
 
     /// Called with the mutex held; returns with it held. Takes everything queued so far.
@@ -191,22 +106,13 @@ final class GroupCommit: @unchecked Sendable {
         membersCommitted += group.count
         leading = false
         // The oldest waiter leads next (unless a newcomer takes the lead first: then that
-        // leader's commit finishes it, or hands on to it again); submitted members queued
-        // meanwhile are led by the committer thread (`handOnAfterLeading`, after this returns).
+        // leader's commit finishes it, or hands on to it again).
         let next = queue.first
         // Woken after the mutex is let go, so a woken member does not at once block on it.
-        // The members stay alive meanwhile: `group` and `next` hold them. A submitted member's
-        // answer runs here, in the group's order, instead of waking a thread to send it.
+        // The members stay alive meanwhile: `group` and `next` hold them.
         pthread_mutex_unlock(mutex)
-        if let next, next.answer == nil { pthread_cond_signal(next.wake) }
-        for member in group {
-            if let answer = member.answer {
-                member.answer = nil
-                answer(member.committed)
-            } else {
-                pthread_cond_signal(member.wake)
-            }
-        }
+        if let next { pthread_cond_signal(next.wake) }
+        for member in group { pthread_cond_signal(member.wake) }
         pthread_mutex_lock(mutex)
     }
 

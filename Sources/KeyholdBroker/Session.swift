@@ -11,9 +11,6 @@ struct Session {
     let fd: Int32
     let caller: Caller
     let broker: Broker
-    /// The connection's answer still to be sent by a group commit's leader (`get`); nil where
-    /// a session answers itself (the gate's tests, one-off sessions).
-    var pending: PendingAnswer? = nil
 
     /// How long a client may take: its whole request (from accept), an answer to a prompt
     /// (a person typing), and any other frame after the first byte may be idle before it.
@@ -37,10 +34,7 @@ struct Session {
         var reader = TimedFrameReader(fd: fd)
         var first = true
         var kept: KeptWait?
-        let pending = PendingAnswer()
         defer { if let kept { slots?.forget(kept) } }
-        // The descriptor is closed after this returns: not while a leader may still answer on it.
-        defer { pending.waitUntilSent() }
         while true {
             if !first, kept == nil { kept = slots?.keep(fd: fd, uid: peer.uid) }
             let waitingSince = kept?.startWaiting()
@@ -63,9 +57,6 @@ struct Session {
                 }
                 return
             }
-            // Answers go out in the order of their requests: a request that came before the
-            // last answer was sent (a client that does not wait for it) waits for that answer.
-            pending.waitUntilSent()
             let payload: SecureBytes
             switch read {
             case .success(nil): return  // the client left (or, after its first request, did not ask again in time)
@@ -79,8 +70,8 @@ struct Session {
                 return
             }
             let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-            guard Session(fd: fd, caller: caller, broker: broker, pending: pending).run(payload, senderUIDs: reader.senders.map(\.uid),
-                                                                                     kept: !first) else { return }
+            guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid),
+                                                                   kept: !first) else { return }
             first = false
         }
     }
@@ -131,9 +122,6 @@ struct Session {
             // entry (and the audit budget) is the sender's.
             response = Session(fd: fd, caller: caller.sentBy(uid: foreign), broker: broker)
                 .deny(request, .invalid, item: nil, Denial(.notAuthorized, "the request was sent by another user than the one that connected"))
-        } else if request.operation == .get, request.claimedPID == nil, let pending {
-            answerByLeader(request, pending)
-            return true
         } else {
             response = broker.rollbackAnswer(replacing: handle(request))!
         }
@@ -142,29 +130,6 @@ struct Session {
         request.secret?.wipe()
         request.appPassword?.wipe()
         return delivered && foreign == nil && response.outcome != .busy && request.operation.keepsConnection
-    }
-
-    /// A `get` answered by the leader of the group commit that holds its entry, on that
-    /// leader's thread, while this session's thread goes back to reading: no thread is woken per
-    /// get to send it (each wake-up across cores costs this kind of machine more than the
-    /// commit's share; docs/BENCHMARKS.md). The leader does not wait on one client: an answer the
-    /// socket does not take whole at once ends the connection. As on the session's own path, a
-    /// *busy* answer ends it too (after it is sent).
-    private func answerByLeader(_ request: Request, _ pending: PendingAnswer) {
-        pending.begin()
-        get(request) { [self] answer, byLeader in
-            let final = broker.rollbackAnswer(replacing: answer)!
-            let message = BrokerMessage.response(final)
-            let sent = byLeader ? Frame.writeWithoutWaiting(message.encode(), to: fd) : send(message)
-            final.secret?.wipe()
-            request.appPassword?.wipe()
-            if !sent {
-                shutdown(fd, Int32(SHUT_RDWR))
-            } else if final.outcome == .busy {
-                shutdown(fd, Int32(SHUT_RD))
-            }
-            pending.end()
-        }
     }
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an
@@ -255,32 +220,5 @@ struct Session {
     /// carries its conversation over this socket. The caller wipes the authorization.
     func authorize(_ item: StoredItem, _ request: Request) -> Result<Authorization, Denial> {
         broker.gate.authorize(item, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
-    }
-}
-
-/// Whether a connection's last answer is still to be sent by a group commit's leader: the
-/// session waits for it before it reads the connection's next request through, answers
-/// anything else, or lets the descriptor be closed.
-final class PendingAnswer: @unchecked Sendable {
-    private let state = ConditionMutex()
-    private var outstanding = false
-
-    func begin() {
-        pthread_mutex_lock(state.mutex)
-        outstanding = true
-        pthread_mutex_unlock(state.mutex)
-    }
-
-    func end() {
-        pthread_mutex_lock(state.mutex)
-        outstanding = false
-        pthread_mutex_unlock(state.mutex)
-        pthread_cond_signal(state.condition)
-    }
-
-    func waitUntilSent() {
-        pthread_mutex_lock(state.mutex)
-        while outstanding { pthread_cond_wait(state.condition, state.mutex) }
-        pthread_mutex_unlock(state.mutex)
     }
 }

@@ -40,29 +40,19 @@ extension Session {
     /// in. The one release path of `get` and `rotate`.
     func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
                          appPassword: AppPasswordKey?) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
-        let record = releaseRecord(item, request, method: method)
-        return broker.transact(record, releaseBody(item, record, appPassword: appPassword), discard: { $0.secret.wipe() })
-            .mapError(Self.releaseDenial)
-    }
-
-    func releaseRecord(_ item: StoredItem, _ request: Request, method: AuthMethod) -> AuditRecord {
-        event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-    }
-
-    /// The release's store work. The row is read again here and must still carry the access
-    /// the gate judged on `item` (else *conflict*): a policy tightened while the gate ran never
-    /// releases the new secret.
-    func releaseBody(_ item: StoredItem, _ record: AuditRecord, appPassword: AppPasswordKey?)
-        -> (VaultStore) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) {
-        { (store) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) in
+        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        // The row is read again here and must still carry the access the gate judged on `item`
+        // (else *conflict*): a policy tightened while the gate ran never releases the new secret.
+        switch broker.transact(record, { (store) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) in
             let opened = try store.openCurrentSecret(item, appPassword: appPassword)
             do throws(StoreError) { try store.append(record) } catch { opened.secret.wipe(); throw error }
             return opened
+        }, discard: { $0.secret.wipe() }) {
+        case .success(let opened): return .success(opened)
+        case .failure(.appPasswordWrong):
+            return .failure(Denial(.authenticationFailed, "wrong application password"))
+        case .failure(let error): return .failure(Denial(error.outcome))
         }
-    }
-
-    static func releaseDenial(_ error: StoreError) -> Denial {
-        error == .appPasswordWrong ? Denial(.authenticationFailed, "wrong application password") : Denial(error.outcome)
     }
 
     func get(_ request: Request) -> Response {
@@ -74,30 +64,7 @@ extension Session {
         defer { granted.wipe() }
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        return getResponse(release(item, request, method: granted.method, appPassword: granted.appPassword), request, item)
-    }
-
-    /// `get` whose answer is handed to `answer` by the leader whose commit holds its entry
-    /// (`Broker.transact(_:_:discard:answer:)`), so no thread is woken to send it: `byLeader`
-    /// true, and `answer` must not wait (the leader's group waits behind it, whichever thread
-    /// leads). A refusal decided before the release is handed over at once: `byLeader` false.
-    func get(_ request: Request, answer: @escaping (_ response: Response, _ byLeader: Bool) -> Void) {
-        let item: StoredItem, granted: Authorization
-        switch decideRelease(request) {
-        case .answered(let response): return answer(response, false)
-        case .granted(let i, let a): (item, granted) = (i, a)
-        }
-        let record = releaseRecord(item, request, method: granted.method)
-        broker.transact(record, releaseBody(item, record, appPassword: granted.appPassword), discard: { $0.secret.wipe() },
-                        answer: { [self] result in
-            defer { granted.wipe() }
-            answer(getResponse(result.mapError(Self.releaseDenial), request, item), true)
-        })
-    }
-
-    /// A `get`'s answer from its release.
-    private func getResponse(_ opened: Result<(secret: SecureBytes, current: StoredItem), Denial>, _ request: Request,
-                             _ item: StoredItem) -> Response {
+        let opened = release(item, request, method: granted.method, appPassword: granted.appPassword)
         switch opened {
         case .success(let opened):
             var r = Response(.ok)

@@ -28,31 +28,6 @@ public enum Frame {
 
     /// Writes one frame: header and payload in one buffer so a reader never sees half a header.
     public static func write(_ payload: SecureBytes, to fd: Int32) throws(FrameError) {
-        let framed = try framed(payload)
-        try framed.withUnsafeBytes { (buf) throws(FrameError) in try writeFully(fd, buf) }
-    }
-
-    /// Writes the whole frame only if the socket takes it at once (`MSG_DONTWAIT`): true when
-    /// it did. False when it could not be written whole; the peer may then have part of it, so
-    /// the caller ends the connection. For a thread that must not wait on one peer (the group
-    /// commit's leader answering its members).
-    public static func writeWithoutWaiting(_ payload: SecureBytes, to fd: Int32) -> Bool {
-        guard let framed = try? framed(payload) else { return false }
-        return framed.withUnsafeBytes { buf in
-            guard var p = buf.baseAddress else { return true }
-            var left = buf.count
-            while left > 0 {
-                let n = send(fd, p, left, Int32(MSG_DONTWAIT | MSG_NOSIGNAL))
-                if n > 0 { p += n; left -= n; continue }
-                if n < 0 && errno == EINTR { continue }
-                return false
-            }
-            return true
-        }
-    }
-
-    /// The payload behind its 4-byte big-endian length, in guarded memory.
-    private static func framed(_ payload: SecureBytes) throws(FrameError) -> SecureBytes {
         guard payload.count <= maxPayloadBytes else { throw .oversized(payload.count) }
         let framed = SecureBytes(count: payload.count + 4)
         framed.withUnsafeMutableBytes { out in
@@ -63,7 +38,7 @@ public enum Frame {
                 if n > 0 { (out.baseAddress! + 4).copyMemory(from: inp.baseAddress!, byteCount: n) }
             }
         }
-        return framed
+        try framed.withUnsafeBytes { (buf) throws(FrameError) in try writeFully(fd, buf) }
     }
 
     static func readFully(_ fd: Int32, into array: inout [UInt8]) throws(FrameError) -> Int {

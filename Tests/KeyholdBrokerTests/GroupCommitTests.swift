@@ -57,38 +57,6 @@ import KeyholdTestSupport
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 64))
     }
 
-    /// Members submitted without waiting (a `get` the leader answers): 64 threads submit one
-    /// each at once and stop; every answer comes, after the commit holding its entry, also for
-    /// the members queued behind a group when no one submits again (the committer thread leads
-    /// them). Then `stop` ends the committer, and a member submitted after it is answered
-    /// false at once, with nothing written.
-    @Test func submittedMembersAreAllAnsweredAfterTheirCommitAndNoneAfterStop() throws {
-        let h = try Harness()
-        let answered = Mutex([Bool?](repeating: nil, count: 64))
-        let done = DispatchSemaphore(value: 0)
-        runThreads(64) { i in
-            h.group.submit({ store in (try? store.append(Self.record("s-\(i)."))) != nil }, answer: { committed in
-                // Its entry is on disk when it is answered.
-                let landed = (try? h.entries(reason: "s-\(i).")) == 1
-                answered.withLock { $0[i] = committed && landed }
-                done.signal()
-            }, withStore: { body in h.store.withLock { body($0) } })
-        }
-        let deadline = DispatchTime.now() + 30
-        for i in 0..<64 where done.wait(timeout: deadline) != .success {
-            Issue.record("\(64 - i) answers never came")
-            break
-        }
-        #expect(answered.withLock { $0 }.allSatisfy { $0 == true }, "\(answered.withLock { $0 })")
-        h.group.stop()
-        let late = Mutex<Bool?>(nil)
-        h.group.submit({ store in (try? store.append(Self.record("late"))) != nil }, answer: { committed in
-            late.withLock { $0 = committed }
-        }, withStore: { body in h.store.withLock { body($0) } })
-        #expect(late.withLock { $0 } == false)
-        #expect(try h.entries(reason: "late") == 0)
-    }
-
     @Test func aMemberThatFailsRollsBackAloneAndOthersLand() throws {
         let h = try Harness()
         let acks = Mutex([Bool](repeating: false, count: 16))
