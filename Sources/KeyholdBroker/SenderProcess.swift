@@ -31,10 +31,9 @@ final class SenderProcess: Sendable {
     }
     private struct State { var facts: Facts??; var remoteHost: String?? }
     let pid: Int32
-    /// -1 when none could be opened, or for facts given (the gate's unit tests).
-    private let pidfd: Int32
-    /// Holds `pidfd` open when it is the one the kernel sent with the request.
-    private let received: SenderPIDFD?
+    /// The sender's pidfd, whoever opened it (closed with the last holder); nil when none could
+    /// be had, or for facts given (the gate's unit tests).
+    private let handle: SenderPIDFD?
     private let state: Mutex<State>
 
     /// `sent`: what the kernel sent with the request (`SCM_PIDFD`): its pidfd names the process
@@ -47,19 +46,11 @@ final class SenderProcess: Sendable {
     init(pid: Int32, sent: FrameSender.Handle = .notSent, connectorPIDFD: Int32? = nil) {
         self.pid = pid
         switch sent {
-        case .open(let handle):
-            received = handle
-            pidfd = handle.fd
-        case .gone:
-            received = nil
-            pidfd = -1
+        case .open(let received): handle = received
+        case .gone: handle = nil
         case .notSent:
-            received = nil
-            if let connectorPIDFD {
-                pidfd = connectorPIDFD >= 0 ? ckh_dup_cloexec(connectorPIDFD) : -1
-            } else {
-                pidfd = ckh_pidfd_open(pid)
-            }
+            let opened = connectorPIDFD.map { $0 >= 0 ? ckh_dup_cloexec($0) : -1 } ?? ckh_pidfd_open(pid)
+            handle = opened >= 0 ? SenderPIDFD(owning: opened) : nil
         }
         state = Mutex(State())
     }
@@ -67,14 +58,11 @@ final class SenderProcess: Sendable {
     /// Facts already known (the release gate's unit tests).
     init(pid: Int32, known facts: Facts?, remoteHost: String?) {
         self.pid = pid
-        pidfd = -1
-        received = nil
+        handle = nil
         state = Mutex(State(facts: .some(facts), remoteHost: .some(remoteHost)))
     }
 
-    deinit { if received == nil && pidfd >= 0 { close(pidfd) } }
-
-    private var isAlive: Bool { pidfd >= 0 && ckh_pidfd_alive(pidfd) == 1 }
+    private var isAlive: Bool { handle.map { ckh_pidfd_alive($0.fd) == 1 } ?? false }
 
     /// Whether the sender was still alive once its executable was read. If not, its facts are
     /// unknown and it counts as local (what PAM is told when nothing about it could be read).

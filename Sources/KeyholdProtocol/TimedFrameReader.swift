@@ -32,8 +32,9 @@ public struct FrameSender: Sendable, Equatable {
     public static func == (a: FrameSender, b: FrameSender) -> Bool { a.pid == b.pid && a.uid == b.uid && a.gid == b.gid }
 }
 
-/// A pidfd received with a message, closed when its last holder lets go of it (the reader at
-/// its next frame, the broker's record of the sender at the end of the request).
+/// A sender's pidfd (received with a message, or opened by the broker where none came), closed
+/// when its last holder lets go of it (the reader at its next frame, the broker's record of the
+/// sender at the end of the request).
 public final class SenderPIDFD: Sendable {
     public let fd: Int32
     public init(owning fd: Int32) { self.fd = fd }
