@@ -39,6 +39,8 @@ public final class Broker: Sendable {
     let sealing = InFlightUIDs()
     /// `audit verify`: a reader of its own per verify, bounded (AuditVerifyReaders.swift).
     let verifyReaders: AuditVerifyReaders
+    /// Opens a release's secret off the store lock; the writer decides whether it is released.
+    let secretOpener: SecretOpener
 
     init(store: consuming sending VaultStore, gate: ReleaseGate, syslog: AuditSyslog, reserve: FreeSpaceReserve,
          protection: VaultProtection = VaultProtection(keyProtector: .file), anchor: RollbackAnchor? = nil,
@@ -59,6 +61,7 @@ public final class Broker: Sendable {
             self.longReader = ReaderPool()
         }
         self.verifyReaders = AuditVerifyReaders(store.readerSeed)
+        self.secretOpener = store.secretOpener
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog
@@ -74,15 +77,16 @@ public final class Broker: Sendable {
     /// Read-only connections: one per core of the machines this is measured on (two).
     static let readerCount = 2
 
-    /// The item of `owner` named by `ref`, read on a reader connection for a release decision
-    /// (the writer re-checks the row before anything is released). nil when there is no reader:
-    /// the caller asks the writer. Fails closed as the writer path does: once a rollback was
-    /// seen (RollbackWatch.swift) or the store closed, the answer is the closed store's.
-    func readItem(owner: UInt32, _ ref: ItemReference) -> Result<StoredItem?, Denial>? {
+    /// The item of `owner` named by `ref` with its sealed row, read on a reader connection for
+    /// a release decision (the writer confirms the row before anything is released:
+    /// `VaultStore.openConfirmed`). nil when there is no reader: the caller asks the writer.
+    /// Fails closed as the writer path does: once a rollback was seen (RollbackWatch.swift) or
+    /// the store closed, the answer is the closed store's.
+    func readReleaseRow(owner: UInt32, _ ref: ItemReference) -> Result<ReleaseRow?, Denial>? {
         readers.withReader { reader in
             if let refused = readerRefusal { return .failure(refused) }
             do throws(StoreError) {
-                return .success(try reader.item(owner: owner, service: ref.service, account: ref.account))
+                return .success(try reader.releaseRow(owner: owner, service: ref.service, account: ref.account))
             } catch {
                 return .failure(Denial(error.outcome))
             }
@@ -96,7 +100,7 @@ public final class Broker: Sendable {
     }
 
     /// `read` on the long-read reader; on the writer, under the store lock, when there is none.
-    /// Fails closed as `readItem` does.
+    /// Fails closed as `readReleaseRow` does.
     func longRead<R: Sendable>(_ read: (any LongReads) throws(StoreError) -> R) -> Result<R, Denial> {
         if let page = longReader.withReader({ reader -> Result<R, Denial> in
             if let refused = readerRefusal { return .failure(refused) }

@@ -10,61 +10,76 @@ extension Session {
     /// What a release starts with (`get`, `rotate`): the item the request names, looked up
     /// under the caller's uid, and the gate's whole decision on it; or the (audited) refusal.
     enum Decision {
-        case granted(StoredItem, Authorization)
+        case granted(ReleaseRow, Authorization)
         case answered(Response)
     }
 
-    /// The lookup a release is decided on: a reader's (Broker.readItem), which does not wait for
-    /// a commit's fsync; the writer's when there is no reader. What it finds is only what the
-    /// gate decides on: `release` reads the row again under the store lock.
-    func releaseLookup(_ ref: ItemReference) -> Result<StoredItem?, Denial> {
-        broker.readItem(owner: caller.uid, ref) ?? lookup(ref)
+    /// The lookup a release is decided on: a reader's (Broker.readReleaseRow), which does not
+    /// wait for a commit's fsync; the writer's when there is no reader. What it finds is only
+    /// what the gate decides on: `release` has the writer confirm the row under the store lock.
+    func releaseLookup(_ ref: ItemReference) -> Result<ReleaseRow?, Denial> {
+        broker.readReleaseRow(owner: caller.uid, ref) ?? broker.withStore { store in
+            do throws(StoreError) {
+                return .success(try store.releaseRow(owner: caller.uid, service: ref.service, account: ref.account))
+            } catch {
+                return .failure(Denial(error.outcome))
+            }
+        }
     }
 
     func decideRelease(_ request: Request) -> Decision {
         guard let ref = request.item else { return .answered(Response(.usage)) }
-        let item: StoredItem
+        let found: ReleaseRow
         switch releaseLookup(ref) {
         case .failure(let d): return .answered(deny(request, .get, item: nil, d))
         case .success(nil): return .answered(deny(request, .get, item: nil, Denial(.notFound)))
-        case .success(let found?): item = found
+        case .success(let row?): found = row
         }
+        let item = found.item
         if let d = refusedThroughAgent(item, request) { return .answered(deny(request, .get, item: item, d)) }
         switch authorize(item, request) {
         case .failure(let d): return .answered(deny(request, .get, item: item, d))
-        case .success(let granted): return .granted(item, granted)
+        case .success(let granted): return .granted(found, granted)
         }
     }
 
     /// Opens the secret and commits its release entry; nothing is returned before that entry is
-    /// in. The one release path of `get` and `rotate`.
-    func release(_ item: StoredItem, _ request: Request, method: AuthMethod,
-                         appPassword: AppPasswordKey?) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
+    /// in. The one release path of `get` and `rotate`. `decided`: the row the gate decided on,
+    /// for `get`: its secret is opened here, off the store lock, and the writer only confirms the
+    /// row is unchanged (else opens the current row itself, as it does for a rotation's).
+    func release(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
+                 decided: ReleaseRow? = nil) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
+        // Any failure here is the writer's to report (it opens the row again and says why).
+        let preopened = decided.flatMap { try? broker.secretOpener.open($0, appPassword: appPassword) }
         // The row is read again here and must still carry the access the gate judged on `item`
         // (else *conflict*): a policy tightened while the gate ran never releases the new secret.
-        switch broker.transact(record, { (store) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) in
-            let opened = try store.openCurrentSecret(item, appPassword: appPassword)
+        let result = broker.transact(record, { (store) throws(StoreError) -> (secret: SecureBytes, current: StoredItem) in
+            let opened = if let decided { try store.openConfirmed(decided, opened: preopened, appPassword: appPassword) }
+                else { try store.openCurrentSecret(item, appPassword: appPassword) }
             do throws(StoreError) { try store.append(record) } catch { opened.secret.wipe(); throw error }
             return opened
-        }, discard: { $0.secret.wipe() }) {
+        }, discard: { $0.secret.wipe() })
+        switch result {
         case .success(let opened): return .success(opened)
-        case .failure(.appPasswordWrong):
-            return .failure(Denial(.authenticationFailed, "wrong application password"))
-        case .failure(let error): return .failure(Denial(error.outcome))
+        case .failure(let error):
+            preopened?.wipe()  // not handed to the writer (the group failed first), or wiped there already
+            if error == .appPasswordWrong { return .failure(Denial(.authenticationFailed, "wrong application password")) }
+            return .failure(Denial(error.outcome))
         }
     }
 
     func get(_ request: Request) -> Response {
-        let item: StoredItem, granted: Authorization
+        let decided: ReleaseRow, granted: Authorization
         switch decideRelease(request) {
         case .answered(let response): return response
-        case .granted(let i, let a): (item, granted) = (i, a)
+        case .granted(let r, let a): (decided, granted) = (r, a)
         }
         defer { granted.wipe() }
+        let item = decided.item
 
         // Open, then audit, then release: nothing leaves before its entry is committed.
-        let opened = release(item, request, method: granted.method, appPassword: granted.appPassword)
+        let opened = release(item, request, method: granted.method, appPassword: granted.appPassword, decided: decided)
         switch opened {
         case .success(let opened):
             var r = Response(.ok)

@@ -88,6 +88,9 @@ import KeyholdTestSupport
         return nil
     }
 
+    static func found(_ r: Result<ReleaseRow?, Denial>) -> StoredItem? { found(r.map { $0?.item }) }
+    static func outcome(_ r: Result<ReleaseRow?, Denial>) -> Outcome { outcome(r.map { $0?.item }) }
+
     static func outcome(_ r: Result<StoredItem?, Denial>) -> Outcome {
         switch r {
         case .success(nil): .notFound
@@ -107,6 +110,46 @@ import KeyholdTestSupport
         #expect(answeredWhileHeld)
         #expect(Self.found(result)?.id == item.id)
         #expect(Self.found(result)?.generation == 1)
+    }
+
+    /// A `get`'s secret is opened from the row the reader read (off the store lock), but what is
+    /// released is decided by the writer: the row replaced after the gate's decision releases
+    /// the current secret at its generation, never the one opened first; the policy tightened
+    /// after it releases nothing (*conflict*). Through the session's own decide and release.
+    @Test func aGetWhoseRowChangedAfterTheDecisionReleasesOnlyWhatTheWriterConfirms() throws {
+        let h = try Harness()
+        let first = try #require(h.add("s1"))
+        var request = Request(.get, item: Harness.ref)
+        request.allowInteraction = false
+        func decide() throws -> (ReleaseRow, Authorization) {
+            guard case .granted(let row, let granted) = h.session().decideRelease(request) else { throw StoreError.notFound }
+            return (row, granted)
+        }
+        func release(_ decided: (ReleaseRow, Authorization)) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
+            defer { decided.1.wipe() }
+            return h.session().release(decided.0.item, request, method: decided.1.method, appPassword: nil, decided: decided.0)
+        }
+        func replace(_ item: StoredItem, _ value: String, policy: String) -> StoredItem? {
+            h.broker.withStore { store in
+                try? store.replace(item, with: NewItem(service: "svc", account: "acct", access: AccessControl(policy: try! Policy(parsing: policy))),
+                                   secret: SecureBytes(copying: Array(value.utf8)), audit: Harness.record(.update))
+            }
+        }
+
+        let unchanged = try decide()
+        guard case .success(let got) = release(unchanged) else { Issue.record("an unchanged row was not released"); return }
+        expectSecret(got.secret.withUnsafeBytes { Array($0) }, equals: Array("s1".utf8))
+
+        let beforeReplace = try decide()
+        let second = try #require(replace(first, "s2", policy: "none"))
+        guard case .success(let current) = release(beforeReplace) else { Issue.record("the replaced row was not released"); return }
+        expectSecret(current.secret.withUnsafeBytes { Array($0) }, equals: Array("s2".utf8))
+        #expect(current.current.generation == second.generation)
+
+        let beforeTightening = try decide()
+        _ = try #require(replace(second, "s3", policy: "device-passcode"))
+        guard case .failure(let refused) = release(beforeTightening) else { Issue.record("a secret was released after the policy was tightened"); return }
+        #expect(refused.outcome == .conflict)
     }
 
     /// The files at the vault's paths are others than the writer's: no reader opens them. A
@@ -153,7 +196,7 @@ import KeyholdTestSupport
                             syslog: AuditSyslog(socketPath: dir + "/no-log"), reserve: FreeSpaceReserve(directory: dir, bytes: 0))
         #expect(broker.readers.withReader { _ in true } == nil)  // no reader
         let session = Session(fd: -1, caller: ReleaseGateTests.caller(), broker: broker)
-        #expect(broker.readItem(owner: ReleaseGateTests.uid, Harness.ref) == nil)
+        #expect(broker.readReleaseRow(owner: ReleaseGateTests.uid, Harness.ref) == nil)
         #expect(Self.found(session.releaseLookup(Harness.ref)) != nil)
         broker.close()
     }
@@ -232,7 +275,7 @@ import KeyholdTestSupport
         #expect(h.broker.rollbackRefusal.withLock { $0 } != nil)
         #expect(h.broker.rollbackAnswer(replacing: response)?.outcome == .integrityFailure)
 
-        let viaReader = try #require(h.broker.readItem(owner: ReleaseGateTests.uid, Harness.ref))
+        let viaReader = try #require(h.broker.readReleaseRow(owner: ReleaseGateTests.uid, Harness.ref))
         #expect(Self.outcome(viaReader) == .otherError)
         #expect(Self.outcome(viaReader) == Self.outcome(h.session().lookup(Harness.ref)))
         #expect(h.session().get(request).secret == nil)

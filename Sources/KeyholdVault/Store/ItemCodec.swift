@@ -11,7 +11,7 @@ extension VaultStore {
     static let columnAfterItem: Int32 = 14
 
     /// The columns of an item row, as read (possibly altered on disk).
-    struct ItemRow {
+    struct ItemRow: Sendable, Equatable {
         var id: [UInt8]
         var owner: Int64
         var lookup: [UInt8]

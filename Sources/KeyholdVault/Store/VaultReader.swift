@@ -8,9 +8,9 @@ import KeyholdCore
 /// that releases wait for.
 ///
 /// A lookup only finds what the release gate decides on: before a secret leaves, the writer
-/// reads the row again under its lock and refuses unless it still carries the same access
-/// (`VaultStore.openCurrentSecret`). Not thread-safe: the broker keeps each reader behind its
-/// own lock.
+/// confirms under its lock that the row is still byte for byte the one read, or reads it again
+/// and refuses unless it still carries the same access (`VaultStore.openConfirmed`). Not
+/// thread-safe: the broker keeps each reader behind its own lock.
 public final class VaultReader {
     private let store: VaultStore
 
@@ -41,8 +41,14 @@ public final class VaultReader {
     /// authenticated generation record holds). One read transaction: the row and the record come
     /// from one snapshot, and the snapshot is let go before this returns.
     public func item(owner: UInt32, service: String, account: String) throws(StoreError) -> StoredItem? {
+        try releaseRow(owner: owner, service: service, account: account)?.item
+    }
+
+    /// `item(owner:service:account:)` with the sealed row it came from (`ReleaseRow`), in the
+    /// same one read transaction.
+    public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
         try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
-            try store.item(owner: owner, service: service, account: account)
+            try store.releaseRow(owner: owner, service: service, account: account)
         }
     }
 

@@ -7,19 +7,7 @@ extension VaultStore {
     /// The item of `owner` with these names, or nil. A row that does not open, or whose
     /// names or owner differ from the request, is `.integrity`: never another item.
     public func item(owner: UInt32, service: String, account: String) throws(StoreError) -> StoredItem? {
-        guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
-        let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        let row: ItemRow?
-        do {
-            row = try db.withStatement("SELECT \(Self.itemColumns) FROM items WHERE lookup = ?1") { (s) throws(DatabaseError) in
-                try s.bind(1, blob: lookup.bytes)
-                return try s.step() ? ItemRow(s) : nil
-            }
-        } catch { throw StoreError.from(error) }
-        guard let row else { return nil }
-        let item = try decode(row, generations: try verifiedGenerations())
-        guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
-        return item
+        try releaseRow(owner: owner, service: service, account: account)?.item
     }
 
     /// Where the next page of a listing starts (opaque to callers).
@@ -281,27 +269,39 @@ extension VaultStore {
     /// `openSecret`, with the row it opened (its generation and expiry are what was released).
     public func openCurrentSecret(_ item: StoredItem, appPassword: AppPasswordKey? = nil) throws(StoreError)
         -> (secret: SecureBytes, current: StoredItem) {
-        let fetched: (ItemRow, [UInt8], [UInt8])?
-        do {
-            fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
-                try s.bind(1, blob: item.id.bytes)
-                return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
-            }
-        } catch { throw StoreError.from(error) }
-        guard let (row, wrappedRaw, secretRaw) = fetched else { throw .notFound }
+        guard let (row, wrappedKey, sealedSecret) = try sealedRow(id: item.id) else { throw .notFound }
         let current = try decode(row, generations: try verifiedGenerations())
         guard current.owner == item.owner, current.service == item.service, current.account == item.account else {
             throw .integrity
         }
         guard current.access == item.access, current.biometryState == item.biometryState,
               current.passwordHashing == item.passwordHashing, current.generation >= item.generation else { throw .conflict }
-        let ad = current.associatedData
+        return (try Self.openSealed(current, wrappedKey: wrappedKey, sealedSecret: sealedSecret, wrappingKey: wrappingKey,
+                                    appPassword: appPassword), current)
+    }
+
+    /// The row of item `id` with its sealed key and secret, as stored; nil when there is none.
+    func sealedRow(id: ItemID) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
+        do {
+            return try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
+                try s.bind(1, blob: id.bytes)
+                return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
+            }
+        } catch { throw StoreError.from(error) }
+    }
+
+    /// Opens the secret of `item` (decoded from the row these boxes came from) with the vault
+    /// key: `.integrity` if a box fails under it; for app-password items `.appPasswordRequired`,
+    /// `.appPasswordWrong`, or `.conflict` when the key was made for other parameters.
+    static func openSealed(_ item: StoredItem, wrappedKey: [UInt8], sealedSecret: [UInt8], wrappingKey: WrappingKey,
+                           appPassword: AppPasswordKey?) throws(StoreError) -> SecureBytes {
+        let ad = item.associatedData
         let unwrapped: SecureBytes
         do {
-            unwrapped = try SealedBox(combined: wrappedRaw).open(using: wrappingKey, authenticating: ad.encoded(for: .wrappedKey))
+            unwrapped = try SealedBox(combined: wrappedKey).open(using: wrappingKey, authenticating: ad.encoded(for: .wrappedKey))
         } catch { throw .integrity }
         let itemKeyBytes: SecureBytes
-        if let params = current.passwordHashing {
+        if let params = item.passwordHashing {
             guard let appPassword else { throw .appPasswordRequired }
             // Made for other parameters: the item was sealed again since (another password or
             // salt), so this key cannot be judged right or wrong. Ask again.
@@ -318,7 +318,7 @@ extension VaultStore {
         let itemKey: ItemKey
         do { itemKey = try ItemKey(unwrapped: itemKeyBytes) } catch { throw .integrity }
         do {
-            return (try SealedBox(combined: secretRaw).open(using: itemKey, authenticating: ad.encoded(for: .secret)), current)
+            return try SealedBox(combined: sealedSecret).open(using: itemKey, authenticating: ad.encoded(for: .secret))
         } catch { throw .integrity }
     }
 }
