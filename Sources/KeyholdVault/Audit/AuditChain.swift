@@ -90,7 +90,15 @@ extension VaultStore {
 
     struct Head { var seq: Int64; var mac: [UInt8]; var tag: [UInt8] }
 
+    /// The head, written first if a group commit's plain entries deferred it (HeadDeferral).
     func readHead() throws(DatabaseError) -> Head? {
+        try flushDeferredHead()
+        return try storedHead()
+    }
+
+    /// The head row as stored: inside a deferring group commit, the head at the group's start
+    /// (or at its last item change), which the generation record's tag still names.
+    func storedHead() throws(DatabaseError) -> Head? {
         try db.withStatement("SELECT seq, mac, head_tag FROM audit_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? Head(seq: s.int64(0), mac: s.blob(1), tag: s.blob(2)) : nil
         }
@@ -109,7 +117,10 @@ extension VaultStore {
             // Continue from the head; if the head row was removed, from the newest row, so the
             // log keeps growing and `verifyAudit` reports the damage.
             var previous: (seq: Int64, mac: [UInt8])
-            if let head = try readHead() {
+            let deferred = try defersHead()
+            if deferred, let newest = try newestEntry() {
+                previous = newest
+            } else if let head = try readHead() {
                 previous = (head.seq, head.mac)
             } else {
                 previous = try db.withStatement("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1") { (s) throws(DatabaseError) in
@@ -150,7 +161,8 @@ extension VaultStore {
                 try s.bind(13, blob: mac)
                 try s.step()
             }
-            try writeHead(seq: seq, mac: mac, generationDigest: generationDigest)
+            // An item change tags its generation digest with its own entry at once.
+            if !deferred || generationDigest != nil { try writeHead(seq: seq, mac: mac, generationDigest: generationDigest) }
         } catch {
             throw .auditWriteFailed
         }
@@ -277,6 +289,8 @@ extension VaultStore {
         return try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) -> Int64 in
             let removed: Int64
             do throws(DatabaseError) {
+                // The entries it removes may include the newest, which a deferred head names.
+                try flushDeferredHead()
                 guard let row = try auditRow(seq: throughSeq) else { throw DatabaseError(code: 12 /* SQLITE_NOTFOUND */) }
                 removed = try db.withStatement("DELETE FROM audit WHERE seq <= ?1") { (s) throws(DatabaseError) -> Int64 in
                     try s.bind(1, throughSeq)

@@ -187,11 +187,15 @@ public final class Database {
     }
 
     /// One outer transaction whose COMMIT (one fsync) makes every write `body` made durable.
-    /// `body` runs its parts as nested transactions. Returns whether the COMMIT succeeded;
-    /// when it did not, everything was rolled back.
-    public func groupTransaction(_ body: () -> Void) -> Bool {
+    /// `body` runs its parts as nested transactions, and returns false to have everything rolled
+    /// back instead. Returns whether the COMMIT succeeded; when it did not, everything was
+    /// rolled back.
+    public func groupTransaction(_ body: () -> Bool) -> Bool {
         do { try control("BEGIN IMMEDIATE") } catch { return false }
-        body()
+        guard body() else {
+            try? control("ROLLBACK")
+            return false
+        }
         do {
             try control("COMMIT")
             return true

@@ -140,7 +140,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try readHead() else { return false }
+        guard let stored, let head = try storedHead() else { return false }
         return KeyedHash.equal(stored.digest, digest)
             && KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
     }
@@ -165,7 +165,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try readHead(),
+        guard let stored, let head = try storedHead(),
               KeyedHash.equal(stored.digest, digest),
               KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
         else { return nil }

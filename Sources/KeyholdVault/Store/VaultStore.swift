@@ -18,6 +18,9 @@ public final class VaultStore {
     let searchKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
+    /// Whether plain audit entries leave the head row to the end of the group commit they are in
+    /// (VaultStore+Group.swift).
+    var headDeferral: HeadDeferral = .off
     /// The writer's record as of its last change, shared with its readers (the writer's own).
     let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
