@@ -55,6 +55,27 @@ extension HostileLocalUserTests {
         #expect(!entries.contains { ($0["operation"] as? String) == "invalid" }, "\(entries.filter { ($0["operation"] as? String) == "invalid" })")
     }
 
+    /// A client that sends many gets of a 60 KiB secret on one connection and never reads an
+    /// answer: once the socket holds all it can, the broker's send waits out the socket's send
+    /// timeout (30 s for each write that made no progress: a frame partly taken, then nothing)
+    /// and the session ends, closing the connection and freeing its thread and slot; it does not
+    /// wait for as long as the client likes (before, it polled without end). Each answered get
+    /// is audited.
+    @Test func aClientThatNeverReadsItsAnswersIsLetGoAfterTheSendTimeout() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        let big = [UInt8](repeating: 0x61, count: 60 * 1024)
+        #expect(b.cli(["put", "svc", "big"], stdin: big, asUser: user.name).status == 0)
+        let r = hostile(b, ["neverreads", "svc", "big", "40", "75"], as: user)
+        let seconds = r["seconds"] as? Double ?? 0
+        #expect(r["ended"] as? Bool == true, "the broker still held the connection after 75 s: \(r)")
+        #expect(seconds >= 25, "ended before the send timeout could pass: \(r)")
+        // The broker still serves this user.
+        expectSecret(b.cli(["get", "svc", "big"], asUser: user.name).stdout, equals: big)
+        let answered = auditEntries(b).filter { ($0["reason"] as? String)?.hasPrefix("neverreads-") == true }
+        #expect(!answered.isEmpty && answered.allSatisfy { ($0["outcome"] as? String) == "ok" }, "\(answered.count) entries")
+    }
+
     @Test func malformedFrameOnAKeptConnectionIsAnsweredAuditedAndEndsIt() throws {
         let user = try TestUser(prefix: "khk")
         let b = try BrokerFixture()
