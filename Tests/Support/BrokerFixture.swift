@@ -36,11 +36,40 @@ public enum TestPaths {
     public static let repository: String = URL(fileURLWithPath: #filePath)
         .deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
 
-    /// A fresh, short temporary directory (Unix socket paths must stay under 108 bytes).
+    /// A fresh, short temporary directory (Unix socket paths must stay under 108 bytes),
+    /// removed when the test process exits if the test did not remove it itself (a release
+    /// gate's PAM stack or a socket's directory is used until the test ends).
     public static func temporaryDirectory(_ prefix: String = "kh") -> String {
         var template = Array("/tmp/\(prefix)-XXXXXX".utf8CString)
         guard let p = mkdtemp(&template) else { fatalError("mkdtemp failed") }
-        return String(cString: p)
+        let path = String(cString: p)
+        MadeDirectories.shared.add(path)
+        return path
+    }
+}
+
+/// The directories `TestPaths.temporaryDirectory` made, removed at exit (a run used to leave
+/// dozens behind in /tmp).
+private final class MadeDirectories: @unchecked Sendable {
+    static let shared: MadeDirectories = {
+        atexit { MadeDirectories.shared.removeAll() }
+        return MadeDirectories()
+    }()
+    private let lock = NSLock()
+    private var paths: [String] = []
+
+    func add(_ path: String) {
+        lock.lock()
+        paths.append(path)
+        lock.unlock()
+    }
+
+    func removeAll() {
+        lock.lock()
+        let made = paths
+        paths = []
+        lock.unlock()
+        for path in made { try? FileManager.default.removeItem(atPath: path) }
     }
 }
 
