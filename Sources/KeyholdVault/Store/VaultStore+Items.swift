@@ -282,9 +282,15 @@ extension VaultStore {
 
     /// The row of item `id` with its sealed key and secret, as stored; nil when there is none.
     func sealedRow(id: ItemID) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
+        try sealedRow(where: "id", is: id.bytes)
+    }
+
+    /// The one row whose `column` (`id` or `lookup`, both unique) is `key`, with its sealed key
+    /// and secret, as stored; nil when there is none.
+    func sealedRow(where column: StaticString, is key: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
         do {
-            return try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE id = ?1") { (s) throws(DatabaseError) in
-                try s.bind(1, blob: id.bytes)
+            return try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE \(column) = ?1") { (s) throws(DatabaseError) in
+                try s.bind(1, blob: key)
                 return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
             }
         } catch { throw StoreError.from(error) }

@@ -35,14 +35,7 @@ extension VaultStore {
     public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
         guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
         let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        let fetched: (ItemRow, [UInt8], [UInt8])?
-        do {
-            fetched = try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE lookup = ?1") { (s) throws(DatabaseError) in
-                try s.bind(1, blob: lookup.bytes)
-                return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
-            }
-        } catch { throw StoreError.from(error) }
-        guard let (row, wrappedKey, sealedSecret) = fetched else { return nil }
+        guard let (row, wrappedKey, sealedSecret) = try sealedRow(where: "lookup", is: lookup.bytes) else { return nil }
         let item = try decode(row, generations: try verifiedGenerations())
         guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
         return ReleaseRow(item: item, row: row, wrappedKey: wrappedKey, sealedSecret: sealedSecret)
