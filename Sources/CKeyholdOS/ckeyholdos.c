@@ -82,16 +82,26 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 
 long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid,
                    int32_t *pidfd) {
+    return ckh_recv_cred2(fd, buf, len, NULL, 0, dontwait, pid, uid, gid, pidfd);
+}
+
+long ckh_peek(int fd, void *buf, unsigned long len) {
+    /* No control buffer: the kernel then attaches no credentials and makes no pidfd. */
+    return (long)recv(fd, buf, len, MSG_PEEK | MSG_DONTWAIT);
+}
+
+long ckh_recv_cred2(int fd, void *buf, unsigned long len, void *buf2, unsigned long len2, int dontwait, int32_t *pid,
+                    uint32_t *uid, uint32_t *gid, int32_t *pidfd) {
     /* Room for the credentials, the sender's pidfd and a few descriptors: any descriptor a peer
        passes is closed. */
     union {
         struct cmsghdr align;
         char bytes[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int)) + CMSG_SPACE(16 * sizeof(int))];
     } control;
-    struct iovec iov = { .iov_base = buf, .iov_len = len };
+    struct iovec iov[2] = { { .iov_base = buf, .iov_len = len }, { .iov_base = buf2, .iov_len = len2 } };
     struct msghdr msg;
     memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = &iov; msg.msg_iovlen = 1;
+    msg.msg_iov = iov; msg.msg_iovlen = len2 > 0 ? 2 : 1;
     msg.msg_control = control.bytes; msg.msg_controllen = sizeof(control.bytes);
     *pid = -1; *uid = (uint32_t)-1; *gid = (uint32_t)-1; *pidfd = -1;
     ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
@@ -260,3 +270,11 @@ int ckh_thread_nice_get(int *nice) {
     return 0;
 }
 int ckh_thread_nice_set(int nice) { return setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice); }
+
+int ckh_process_ids(uint32_t ids[6]) {
+    uid_t r, e, s;
+    gid_t gr, ge, gs;
+    if (getresuid(&r, &e, &s) != 0 || getresgid(&gr, &ge, &gs) != 0) return -1;
+    ids[0] = r; ids[1] = e; ids[2] = s; ids[3] = gr; ids[4] = ge; ids[5] = gs;
+    return 0;
+}

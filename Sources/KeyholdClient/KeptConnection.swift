@@ -21,9 +21,16 @@ final class KeptConnection: Sendable {
 
     /// The process a connection was kept by, and the ids it ran with.
     struct Owner: Equatable {
-        let pid: Int32, uid: UInt32, euid: UInt32, gid: UInt32, egid: UInt32
+        let pid: Int32, uid: UInt32, euid: UInt32, savedUID: UInt32, gid: UInt32, egid: UInt32, savedGID: UInt32
 
-        static var current: Owner { Owner(pid: getpid(), uid: getuid(), euid: geteuid(), gid: getgid(), egid: getegid()) }
+        /// Three system calls (asked before every request on a kept connection), not five.
+        static var current: Owner {
+            // Cannot fail for the calling process; should it, ids of -1 (which no process has)
+            // differ from the kept connection's owner's, and the request connects anew.
+            var ids = [UInt32](repeating: .max, count: 6)
+            if ckh_process_ids(&ids) != 0 { ids = [UInt32](repeating: .max, count: 6) }
+            return Owner(pid: getpid(), uid: ids[0], euid: ids[1], savedUID: ids[2], gid: ids[3], egid: ids[4], savedGID: ids[5])
+        }
     }
 
     private struct Idle: @unchecked Sendable {

@@ -12,7 +12,7 @@ enum MessageType {
 enum NoticeTag {
     static let style: UInt8 = 1, text: UInt8 = 2, executable: UInt8 = 3, pid: UInt8 = 4, service: UInt8 = 5, account: UInt8 = 6
     static let reason: UInt8 = 7
-    static let all: Set<UInt8> = Set(1...7)
+    static let all: TagSet = TagSet(1...7)
 }
 
 enum RequestTag {
@@ -23,15 +23,15 @@ enum RequestTag {
     static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
     static let claimedPID: UInt8 = 24
     static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27, searchPair: UInt8 = 28
-    static let exportHeader: Set<UInt8> = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: Set<UInt8> = Set(1...28)
+    static let exportHeader: [UInt8] = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
+    static let all: TagSet = TagSet(1...28)
 }
 
 enum ResponseTag {
     static let outcome: UInt8 = 1, detail: UInt8 = 2, secret: UInt8 = 3, state: UInt8 = 4, secondsLeft: UInt8 = 5
     static let count: UInt8 = 6, firstBad: UInt8 = 7, finger: UInt8 = 8, reader: UInt8 = 9
     static let generation: UInt8 = 10, expires: UInt8 = 11
-    static let all: Set<UInt8> = Set(1...11)
+    static let all: TagSet = TagSet(1...11)
 }
 
 enum ListTag {
@@ -42,19 +42,19 @@ enum ItemTag {
     static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
     static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
     static let generation: UInt8 = 11, expires: UInt8 = 12
-    static let all: Set<UInt8> = Set(1...12)
+    static let all: TagSet = TagSet(1...12)
 }
 
 enum AuditTag {
     static let seq: UInt8 = 1, time: UInt8 = 2, uid: UInt8 = 3, pid: UInt8 = 4, exe: UInt8 = 5, op: UInt8 = 6
     static let itemID: UInt8 = 7, service: UInt8 = 8, account: UInt8 = 9, decision: UInt8 = 10, method: UInt8 = 11
     static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15, row: UInt8 = 16
-    static let all: Set<UInt8> = Set(1...16)
+    static let all: TagSet = TagSet(1...16)
 }
 
 enum ExportHeaderTag {
     static let startSeq: UInt8 = 1, startMAC: UInt8 = 2, throughSeq: UInt8 = 3, throughMAC: UInt8 = 4, tag: UInt8 = 5
-    static let all: Set<UInt8> = Set(1...5)
+    static let all: TagSet = TagSet(1...5)
 }
 
 /// A prompt answer or app password: as long as a PAM response may usefully be.

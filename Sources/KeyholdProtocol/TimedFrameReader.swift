@@ -59,6 +59,9 @@ public struct TimedFrameReader {
     public mutating func read(idleMilliseconds: Int, frameMilliseconds: Int, idleEndsStream: Bool = false) throws(FrameError) -> SecureBytes? {
         senders = []
         let start = Self.nowMilliseconds()
+        if let whole = try readInOneMessage(firstByteBy: start + idleMilliseconds, frameBy: start + frameMilliseconds) {
+            return whole
+        }
         var header = [UInt8](repeating: 0, count: 4)
         var failure: FrameError?
         var done = 0
@@ -85,6 +88,45 @@ public struct TimedFrameReader {
                      likelyReady: true)
         }
         guard n == length else { throw .truncated }
+        return payload
+    }
+
+    /// The usual frame, sent with one write (as every Keyhold client sends): once the first byte
+    /// is there, a peek at the header (no credentials asked, so the kernel makes no pidfd) gives
+    /// the length, and one recvmsg reads header and payload with their sender's credentials and
+    /// pidfd, instead of one recvmsg (and one pidfd) for each. The kernel never joins the bytes
+    /// of two writers in one read, so the sender of every byte is still known; bytes that come
+    /// later are read by `fill`. nil, with nothing read, for everything else (a header not all
+    /// there yet, a length that is refused, end of stream, an error): `read` then reads as the
+    /// bytes come, and says why.
+    private mutating func readInOneMessage(firstByteBy: Int, frameBy: Int) throws(FrameError) -> SecureBytes? {
+        let left = min(firstByteBy, frameBy) - Self.nowMilliseconds()
+        guard left > 0, ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left)) > 0 else { return nil }
+        var peeked: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
+        guard withUnsafeMutableBytes(of: &peeked, { ckh_peek(fd, $0.baseAddress!, 4) }) == 4 else { return nil }
+        let length = Int(peeked.0) << 24 | Int(peeked.1) << 16 | Int(peeked.2) << 8 | Int(peeked.3)
+        guard length >= 2, length <= Frame.maxPayloadBytes else { return nil }
+        let payload = SecureBytes(count: length)
+        var header: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
+        var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0, pidfd: Int32 = -1
+        let r = withUnsafeMutableBytes(of: &header) { h in
+            payload.withUnsafeMutableBytes { p in
+                ckh_recv_cred2(fd, h.baseAddress!, 4, p.baseAddress!, UInt(length), 1, &pid, &uid, &gid, &pidfd)
+            }
+        }
+        let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
+        if r < 0 && (errno == EINTR || errno == EAGAIN) { return nil }  // nothing read: `read` waits again
+        if r < 0 { throw .io(errno) }
+        // The four bytes peeked were one writer's and still there: they are what was read.
+        guard r >= 4, header == peeked else { throw .truncated }
+        senders.append(FrameSender(pid: pid, uid: uid, gid: gid, handle: handle))
+        var done = r - 4
+        if done < length {
+            let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
+                try fill(buf, firstByteBy: frameBy, frameBy: frameBy, done: &done, likelyReady: true)
+            }
+            guard n == length else { throw .truncated }
+        }
         return payload
     }
 

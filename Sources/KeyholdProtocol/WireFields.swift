@@ -79,6 +79,38 @@ public enum ProtocolVersion {
     public static let current: UInt8 = 1
 }
 
+/// A set of field tags, as a 256-bit mask: every field of every received frame is checked
+/// against one, where a hashed `Set` was a measurable part of decoding a request.
+public struct TagSet: ExpressibleByArrayLiteral, Equatable, Sendable {
+    private var low: UInt64 = 0, lowMiddle: UInt64 = 0, highMiddle: UInt64 = 0, high: UInt64 = 0
+
+    public init<S: Sequence>(_ tags: S) where S.Element == UInt8 {
+        for tag in tags { insert(tag) }
+    }
+
+    public init(arrayLiteral tags: UInt8...) { self.init(tags) }
+
+    public func contains(_ tag: UInt8) -> Bool {
+        let bit: UInt64 = 1 << UInt64(tag & 63)
+        switch tag >> 6 {
+        case 0: return low & bit != 0
+        case 1: return lowMiddle & bit != 0
+        case 2: return highMiddle & bit != 0
+        default: return high & bit != 0
+        }
+    }
+
+    public mutating func insert(_ tag: UInt8) {
+        let bit: UInt64 = 1 << UInt64(tag & 63)
+        switch tag >> 6 {
+        case 0: low |= bit
+        case 1: lowMiddle |= bit
+        case 2: highMiddle |= bit
+        default: high |= bit
+        }
+    }
+}
+
 /// The fields of a received payload (or of one nested field), as ranges into its buffer.
 public struct FieldSet {
     let buffer: SecureBytes
@@ -86,9 +118,9 @@ public struct FieldSet {
 
     /// Parses `[start, end)` of `buffer` as fields. Tags not in `allowed` are malformed, as are
     /// repeats of a tag not in `repeatable`.
-    init(buffer: SecureBytes, start: Int, end: Int, allowed: Set<UInt8>, repeatable: Set<UInt8> = []) throws(FrameError) {
+    init(buffer: SecureBytes, start: Int, end: Int, allowed: TagSet, repeatable: TagSet = []) throws(FrameError) {
         var entries: [(UInt8, Int, Int)] = []
-        var seen = Set<UInt8>()
+        var seen = TagSet()
         var at = start
         try buffer.withUnsafeBytes { (raw) throws(FrameError) in
             while at < end {
@@ -110,7 +142,7 @@ public struct FieldSet {
     }
 
     /// The top-level fields of a payload, after checking version and message type.
-    public static func payload(_ payload: SecureBytes, allowed: Set<UInt8>, repeatable: Set<UInt8> = []) throws(FrameError) -> FieldSet {
+    public static func payload(_ payload: SecureBytes, allowed: TagSet, repeatable: TagSet = []) throws(FrameError) -> FieldSet {
         try FieldSet(buffer: payload, start: 2, end: payload.count, allowed: allowed, repeatable: repeatable)
     }
 
@@ -181,7 +213,7 @@ public struct FieldSet {
         return buffer.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[e.start..<(e.start + e.count)])) }
     }
 
-    public func nested(_ tag: UInt8, allowed: Set<UInt8>, repeatable: Set<UInt8> = []) throws(FrameError) -> [FieldSet] {
+    public func nested(_ tag: UInt8, allowed: TagSet, repeatable: TagSet = []) throws(FrameError) -> [FieldSet] {
         var out: [FieldSet] = []
         for e in entries where e.tag == tag {
             out.append(try FieldSet(buffer: buffer, start: e.start, end: e.start + e.count, allowed: allowed, repeatable: repeatable))

@@ -127,6 +127,18 @@ import KeyholdTestSupport
         }
     }
 
+    /// The tag sets every received field is checked against: each of the 256 tags is in a set
+    /// exactly when it was put there, across the mask's four words.
+    @Test func tagSetsHoldExactlyTheirTags() {
+        let chosen: [UInt8] = [0, 1, 62, 63, 64, 65, 127, 128, 191, 192, 254, 255]
+        let set = TagSet(chosen)
+        for tag in 0...255 { #expect(set.contains(UInt8(tag)) == chosen.contains(UInt8(tag)), "tag \(tag)") }
+        var grown: TagSet = []
+        for tag in chosen { grown.insert(tag) }
+        #expect(grown == set)
+        #expect(!([] as TagSet).contains(0) && !([] as TagSet).contains(255))
+    }
+
     /// Random mutations of valid payloads never crash the decoder (bounded: 20,000 cases).
     @Test func mutatedPayloadsNeverCrash() {
         var r = Request(.put, item: ItemReference(service: "svc", account: "acct"))

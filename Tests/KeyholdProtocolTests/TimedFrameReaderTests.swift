@@ -111,4 +111,71 @@ struct TimedFrameReaderTests {
         #expect(second?.withUnsafeBytes { Array($0) } == [5, 4])
         while !late.isFinished { usleep(10_000) }
     }
+
+    /// A frame sent with one write is read with one credentialed read (its header peeked
+    /// first): two frames in one write are still read one at a time, each with its sender.
+    @Test func twoFramesInOneWriteAreReadOneAtATime() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        let both: [UInt8] = [0, 0, 0, 3, 1, 2, 3, 0, 0, 0, 2, 4, 5]
+        #expect(write(w, both, both.count) == both.count)
+        var reader = TimedFrameReader(fd: r)
+        let me = FrameSender(pid: getpid(), uid: getuid(), gid: getgid())
+        #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)?.withUnsafeBytes { Array($0) } == [1, 2, 3])
+        #expect(reader.senders == [me])
+        #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)?.withUnsafeBytes { Array($0) } == [4, 5])
+        #expect(reader.senders == [me])
+    }
+
+    /// A header that is refused (a frame too long or too short) is read with its sender's
+    /// credentials before the refusal, which therefore names who sent it.
+    @Test func aRefusedHeaderIsReadWithItsSender() throws {
+        let cases: [([UInt8], FrameError)] = [
+            ([0x7f, 0xff, 0xff, 0xff, 1], .oversized(0x7fff_ffff)),
+            ([0, 0, 0, 1, 1], .malformed("frame too short")),
+        ]
+        for (bytes, error) in cases {
+            let (r, w) = pair()
+            defer { close(r); close(w) }
+            #expect(write(w, bytes, bytes.count) == bytes.count)
+            var reader = TimedFrameReader(fd: r)
+            #expect(throws: error) { try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000) }
+            #expect(reader.senders == [FrameSender(pid: getpid(), uid: getuid(), gid: getgid())], "\(bytes)")
+        }
+    }
+
+    /// A header that comes in two writes is waited for and read whole.
+    @Test func aHeaderInPartsIsWaitedFor() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        #expect(write(w, [0, 0] as [UInt8], 2) == 2)
+        let writerFD = w
+        let late = Thread {
+            usleep(50_000)
+            _ = send(writerFD, [0, 3, 1, 2, 3] as [UInt8], 5, Int32(MSG_NOSIGNAL))
+        }
+        late.start()
+        var reader = TimedFrameReader(fd: r)
+        #expect(try reader.read(idleMilliseconds: 2000, frameMilliseconds: 2000)?.withUnsafeBytes { Array($0) } == [1, 2, 3])
+        #expect(reader.senders == [FrameSender(pid: getpid(), uid: getuid(), gid: getgid())])
+        while !late.isFinished { usleep(10_000) }
+    }
+
+    /// A frame whose header and first byte one process wrote and whose rest another did names
+    /// both, in order: the read that takes header and payload together stops where the
+    /// kernel's record of the writer changes.
+    @Test func aFrameWrittenByTwoProcessesNamesBoth() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        #expect(write(w, [0, 0, 0, 3, 1] as [UInt8], 5) == 5)
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/bin/sh")
+        child.arguments = ["-c", "printf '\\002\\003'"]
+        child.standardOutput = FileHandle(fileDescriptor: w, closeOnDealloc: false)
+        try child.run()
+        child.waitUntilExit()
+        var reader = TimedFrameReader(fd: r)
+        #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)?.withUnsafeBytes { Array($0) } == [1, 2, 3])
+        #expect(reader.senders.map(\.pid) == [getpid(), child.processIdentifier])
+    }
 }

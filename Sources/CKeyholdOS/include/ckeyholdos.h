@@ -33,6 +33,13 @@ int ckh_replace_fd(int fresh, int fd);
    dontwait: MSG_DONTWAIT (-1 with EAGAIN when nothing is there yet). */
 long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid,
                    int32_t *pidfd);
+/* ckh_recv_cred into two buffers in turn (len bytes into buf, then up to len2 into buf2): a
+   frame's header and its payload with one message's credentials and pidfd. */
+long ckh_recv_cred2(int fd, void *buf, unsigned long len, void *buf2, unsigned long len2, int dontwait, int32_t *pid,
+                    uint32_t *uid, uint32_t *gid, int32_t *pidfd);
+/* recv(MSG_PEEK | MSG_DONTWAIT) without a control buffer: the next bytes, left in the socket,
+   at no pidfd's cost. -1 with errno (EAGAIN when nothing is there). */
+long ckh_peek(int fd, void *buf, unsigned long len);
 /* SO_PASSCRED on, and SO_PASSPIDFD where the kernel has it: every message carries its sender's
    credentials and a pidfd of it (both inherited by accepted sockets). 0, or -1 with errno when
    SO_PASSCRED could not be set. */
@@ -58,4 +65,8 @@ int ckh_socket_holders(uint64_t inode, int32_t *pids, int max);
 int ckh_raise_nofile(uint64_t want);
 int ckh_thread_nice_get(int *nice);
 int ckh_thread_nice_set(int nice);
+/* The real, effective and saved user ids, then group ids, of the calling process: two system
+   calls (getresuid, getresgid) where asking for each id is six. 0, or -1 with errno. */
+int ckh_process_ids(uint32_t ids[6]);
+
 #endif
