@@ -12,6 +12,8 @@
 #include <sys/resource.h>
 #include <spawn.h>
 #include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include "ckeyholdos.h"
 
 int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid) {
@@ -278,3 +280,18 @@ int ckh_process_ids(uint32_t ids[6]) {
     ids[0] = r; ids[1] = e; ids[2] = s; ids[3] = gr; ids[4] = ge; ids[5] = gs;
     return 0;
 }
+
+uint32_t ckh_word_load(const uint32_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
+
+void ckh_word_store(uint32_t *word, uint32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
+
+int ckh_word_swap_if(uint32_t *word, uint32_t expected, uint32_t desired) {
+    return __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+void ckh_word_wait(uint32_t *word, uint32_t expected) {
+    /* Returns at once if the word is no longer `expected`; may return spuriously (EINTR). */
+    (void)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+void ckh_word_wake(uint32_t *word) { (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }

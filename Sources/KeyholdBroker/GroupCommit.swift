@@ -12,25 +12,29 @@ import KeyholdVault
 /// Members' work must be short and never block (no PAM, no socket I/O): it runs under the
 /// store lock, on the leader's thread.
 final class GroupCommit: @unchecked Sendable {
-    /// One caller's queued work. Fields are guarded by `GroupCommit.mutex`.
+    /// One caller's queued work. `work` and `committed` are guarded by `GroupCommit.mutex`
+    /// until `word` says finished; then they are the caller's alone.
     private final class Member {
         /// Let go by the leader once run: the caller's closure must not outlive its call
         /// (`withoutActuallyEscaping`), and a finished member may return before `lead` does.
         var work: ((VaultStore) -> Bool)?
-        var finished = false
         var committed = false
-        /// Signalled when this member is finished or should lead: one wake-up per member instead
-        /// of a broadcast that woke every waiter after every commit.
-        let wake: UnsafeMutablePointer<pthread_cond_t>
+        /// What the caller waits for, set under the mutex and read without it: waiting, told
+        /// to lead, or finished. A word of its own, so that a woken member does not take the
+        /// group's mutex back (a herd the next leader had to wait through: measured as most of
+        /// the broker's futex calls, half of them contended unlocks).
+        let word: UnsafeMutablePointer<UInt32>
         init(_ work: @escaping (VaultStore) -> Bool) {
             self.work = work
-            wake = .allocate(capacity: 1)
-            pthread_cond_init(wake, nil)
+            word = .allocate(capacity: 1)
+            word.initialize(to: State.waiting)
         }
-        deinit {
-            pthread_cond_destroy(wake)
-            wake.deallocate()
-        }
+        deinit { word.deallocate() }
+        var isFinished: Bool { ckh_word_load(word) == State.finished }
+    }
+
+    private enum State {
+        static let waiting: UInt32 = 0, lead: UInt32 = 1, finished: UInt32 = 2
     }
 
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
@@ -66,16 +70,20 @@ final class GroupCommit: @unchecked Sendable {
             let member = Member(work)
             pthread_mutex_lock(mutex)
             queue.append(member)
-            while !member.finished {
-                if !leading {
-                    lead(withStore)
-                } else {
-                    pthread_cond_wait(member.wake, mutex)
-                }
-            }
-            let committed = member.committed
+            if !leading { lead(withStore) }
             pthread_mutex_unlock(mutex)
-            return committed
+            while !member.isFinished {
+                // Told to lead: unless a newcomer took the lead first (its commit then finishes
+                // this member, or it hands on to it again).
+                if ckh_word_swap_if(member.word, State.lead, State.waiting) != 0 {
+                    pthread_mutex_lock(mutex)
+                    if !leading && !member.isFinished { lead(withStore) }
+                    pthread_mutex_unlock(mutex)
+                    continue
+                }
+                ckh_word_wait(member.word, State.waiting)
+            }
+            return member.committed
         }
     }
 
@@ -97,22 +105,23 @@ final class GroupCommit: @unchecked Sendable {
         }
 
         pthread_mutex_lock(mutex)
+        // Words are set under the mutex, so a later "lead" never overwrites "finished".
         for (i, member) in group.enumerated() {
             member.work = nil
             member.committed = committed && results[i]
-            member.finished = true
+            ckh_word_store(member.word, State.finished)
         }
         commits += 1
         membersCommitted += group.count
         leading = false
-        // The oldest waiter leads next (unless a newcomer takes the lead first: then that
-        // leader's commit finishes it, or hands on to it again).
+        // The oldest waiter leads next (unless a newcomer takes the lead first).
         let next = queue.first
-        // Woken after the mutex is let go, so a woken member does not at once block on it.
-        // The members stay alive meanwhile: `group` and `next` hold them.
+        if let next { ckh_word_store(next.word, State.lead) }
+        // Woken after the mutex is let go; the members stay alive meanwhile (`group` and
+        // `next` hold them), also once their callers have returned.
         pthread_mutex_unlock(mutex)
-        if let next { pthread_cond_signal(next.wake) }
-        for member in group { pthread_cond_signal(member.wake) }
+        if let next { ckh_word_wake(next.word) }
+        for member in group { ckh_word_wake(member.word) }
         pthread_mutex_lock(mutex)
     }
 

@@ -130,6 +130,40 @@ import KeyholdTestSupport
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
     }
 
+    /// Members wait on a word of their own (finished, or told to lead) instead of the group's
+    /// mutex. Under churn (16 threads, 150 rounds each, work of random length, some members
+    /// failing their own part) every member returns, with its own outcome, and exactly the
+    /// acknowledged entries are stored: a hand-off that lost a wake-up would leave a caller
+    /// waiting (the run is bounded: the test fails after 60 s instead of hanging CI).
+    @Test func handOffsUnderChurnStrandNoMember() throws {
+        let h = try Harness()
+        let threads = 16, rounds = 150
+        let outcomes = Mutex([Bool?](repeating: nil, count: threads * rounds))
+        let finished = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            runThreads(threads) { t in
+                for r in 0..<rounds {
+                    let i = t * rounds + r
+                    let ok = h.run { store in
+                        if i % 7 == 0 { usleep(UInt32.random(in: 0...300)) }
+                        guard i % 11 != 0 else { return false }  // this member's own failure
+                        return (try? store.append(Self.record("churn-\(i)"))) != nil
+                    }
+                    outcomes.withLock { $0[i] = ok }
+                    if r % 13 == 0 { usleep(UInt32.random(in: 0...200)) }
+                }
+            }
+            finished.signal()
+        }
+        try #require(finished.wait(timeout: .now() + 60) == .success, "a member never returned")
+        let seen = outcomes.withLock { $0 }
+        for (i, ok) in seen.enumerated() { #expect(ok == (i % 11 != 0), "member \(i): \(String(describing: ok))") }
+        let acknowledged = seen.filter { $0 == true }.count
+        #expect(try h.entries(reason: "churn-") == acknowledged)
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: Int64(acknowledged)))
+        #expect(h.group.membersCommitted == threads * rounds)
+    }
+
     /// The leader runs its group's work favoured (nice 10 lower, so that its members' sessions
     /// do not preempt it) and afterwards has its own priority back, whatever that was. Read
     /// from the kernel on a thread of the test's own, which leads its one-member group.

@@ -69,4 +69,13 @@ int ckh_thread_nice_set(int nice);
    calls (getresuid, getresgid) where asking for each id is six. 0, or -1 with errno. */
 int ckh_process_ids(uint32_t ids[6]);
 
+/* A 32-bit word one thread waits on and another sets (the group commit's members): an
+   acquire load, a release store, a compare-and-swap (1 when it swapped), and the futex wait
+   (while the word is `expected`) and wake (one waiter). */
+uint32_t ckh_word_load(const uint32_t *word);
+void ckh_word_store(uint32_t *word, uint32_t value);
+int ckh_word_swap_if(uint32_t *word, uint32_t expected, uint32_t desired);
+void ckh_word_wait(uint32_t *word, uint32_t expected);
+void ckh_word_wake(uint32_t *word);
+
 #endif
