@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Testing
 import KeyholdCore
+import KeyholdTestSupport
 @testable import KeyholdProtocol
 
 /// Issue 8: the broker's frame reader bounds the whole frame, not each `read`, and names the
@@ -177,5 +178,55 @@ struct TimedFrameReaderTests {
         var reader = TimedFrameReader(fd: r)
         #expect(try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)?.withUnsafeBytes { Array($0) } == [1, 2, 3])
         #expect(reader.senders.map(\.pid) == [getpid(), child.processIdentifier])
+    }
+
+    /// Descriptors a peer attaches to a frame (`SCM_RIGHTS`) are closed, not kept: the header's
+    /// peek takes none, and the read of header and payload closes what came with them. The
+    /// frame is read as sent, and afterwards no descriptor of this process names the file that
+    /// was passed (a file of this test's own, so tests running beside it do not count).
+    @Test func descriptorsSentWithAFrameAreClosed() throws {
+        let (r, w) = pair()
+        defer { close(r); close(w) }
+        let path = TestPaths.temporaryDirectory("kh-passed") + "/passed"
+        let made = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o600)
+        try #require(made >= 0)
+        close(made)
+        var reader = TimedFrameReader(fd: r)
+        for round in 0..<20 {
+            let passed = open(path, O_RDONLY | O_CLOEXEC)
+            try #require(passed >= 0)
+            let frame: [UInt8] = [0, 0, 0, 3, 7, 8, UInt8(round)]
+            #expect(Self.sendWithDescriptor(frame, passing: passed, on: w) == frame.count)
+            close(passed)
+            let payload = try reader.read(idleMilliseconds: 1000, frameMilliseconds: 1000)
+            #expect(payload?.withUnsafeBytes { Array($0) } == [7, 8, UInt8(round)])
+        }
+        let held = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd")) ?? []).filter {
+            (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + $0)) == path
+        }
+        #expect(held.isEmpty, "descriptors passed with frames were kept: \(held)")
+    }
+
+    /// sendmsg of `bytes` with `fd` attached as SCM_RIGHTS.
+    static func sendWithDescriptor(_ bytes: [UInt8], passing fd: Int32, on socket: Int32) -> Int {
+        var data = bytes
+        let space = 24  // CMSG_SPACE(sizeof(int)) on 64-bit Linux: 16-byte header, 4 bytes, padding
+        var control = [UInt8](repeating: 0, count: space)
+        control.withUnsafeMutableBytes { c in
+            c.storeBytes(of: 20, toByteOffset: 0, as: Int.self)  // cmsg_len = CMSG_LEN(sizeof(int))
+            c.storeBytes(of: SOL_SOCKET, toByteOffset: 8, as: Int32.self)
+            c.storeBytes(of: Int32(SCM_RIGHTS), toByteOffset: 12, as: Int32.self)
+            c.storeBytes(of: fd, toByteOffset: 16, as: Int32.self)
+        }
+        return data.withUnsafeMutableBytes { d in
+            control.withUnsafeMutableBytes { c in
+                var iov = iovec(iov_base: d.baseAddress, iov_len: d.count)
+                return withUnsafeMutablePointer(to: &iov) { iovp in
+                    var msg = msghdr(msg_name: nil, msg_namelen: 0, msg_iov: iovp, msg_iovlen: 1,
+                                     msg_control: c.baseAddress, msg_controllen: space, msg_flags: 0)
+                    return Glibc.sendmsg(socket, &msg, 0)
+                }
+            }
+        }
     }
 }
