@@ -114,12 +114,14 @@ public struct TimedFrameReader {
                 ckh_recv_cred2(fd, h.baseAddress!, 4, p.baseAddress!, UInt(length), 1, &pid, &uid, &gid, &pidfd)
             }
         }
+        let failure = r < 0 ? errno : 0
         let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
-        if r < 0 && (errno == EINTR || errno == EAGAIN) { return nil }  // nothing read: `read` waits again
-        if r < 0 { throw .io(errno) }
+        if failure == EINTR || failure == EAGAIN { return nil }  // nothing read: `read` waits again
+        if failure != 0 { throw .io(failure) }
+        // Bytes were taken: their sender is named, whatever follows.
+        senders.append(FrameSender(pid: pid, uid: uid, gid: gid, handle: handle))
         // The four bytes peeked were one writer's and still there: they are what was read.
         guard r >= 4, header == peeked else { throw .truncated }
-        senders.append(FrameSender(pid: pid, uid: uid, gid: gid, handle: handle))
         var done = r - 4
         if done < length {
             let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
