@@ -15,15 +15,23 @@ public enum Frame {
         let got = try readFully(fd, into: &header)
         if got == 0 { return nil }
         guard got == 4 else { throw .truncated }
-        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
-        guard length >= 2 else { throw .malformed("frame too short") }
-        guard length <= maxPayloadBytes else { throw .oversized(length) }
+        let length = try payloadLength(header[0], header[1], header[2], header[3])
         let payload = SecureBytes(count: length)
         let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
             try readFully(fd, into: buf)
         }
         guard n == length else { throw .truncated }
         return payload
+    }
+
+    /// The payload length a 4-byte header declares, refused when it is below a payload's
+    /// smallest (version and type) or above `maxPayloadBytes`: checked before anything is
+    /// allocated for it.
+    static func payloadLength(_ b0: UInt8, _ b1: UInt8, _ b2: UInt8, _ b3: UInt8) throws(FrameError) -> Int {
+        let length = Int(b0) << 24 | Int(b1) << 16 | Int(b2) << 8 | Int(b3)
+        guard length >= 2 else { throw .malformed("frame too short") }
+        guard length <= maxPayloadBytes else { throw .oversized(length) }
+        return length
     }
 
     /// Writes one frame: header and payload in one buffer so a reader never sees half a header.

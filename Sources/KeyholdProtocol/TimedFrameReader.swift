@@ -19,6 +19,12 @@ public struct FrameSender: Sendable, Equatable {
         /// before 6.16; later ones give a pidfd of the exited process).
         case gone
         case open(SenderPIDFD)
+
+        /// What `ckh_recv_cred` reported: a pidfd (owned from here on, so it is closed on every
+        /// path), -2 when the kernel could make none, -1 when none came.
+        init(received pidfd: Int32) {
+            self = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
+        }
     }
     public let handle: Handle
 
@@ -78,9 +84,7 @@ public struct TimedFrameReader {
         }
         if got == 0 { return nil }
         guard got == 4 else { throw .truncated }
-        let length = Int(header[0]) << 24 | Int(header[1]) << 16 | Int(header[2]) << 8 | Int(header[3])
-        guard length >= 2 else { throw .malformed("frame too short") }
-        guard length <= Frame.maxPayloadBytes else { throw .oversized(length) }
+        let length = try Frame.payloadLength(header[0], header[1], header[2], header[3])
         let payload = SecureBytes(count: length)
         var payloadDone = 0
         let n = try payload.withUnsafeMutableBytes { (buf) throws(FrameError) -> Int in
@@ -104,8 +108,7 @@ public struct TimedFrameReader {
         guard left > 0, ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left)) > 0 else { return nil }
         var peeked: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
         guard withUnsafeMutableBytes(of: &peeked, { ckh_peek(fd, $0.baseAddress!, 4) }) == 4 else { return nil }
-        let length = Int(peeked.0) << 24 | Int(peeked.1) << 16 | Int(peeked.2) << 8 | Int(peeked.3)
-        guard length >= 2, length <= Frame.maxPayloadBytes else { return nil }
+        guard let length = try? Frame.payloadLength(peeked.0, peeked.1, peeked.2, peeked.3) else { return nil }
         let payload = SecureBytes(count: length)
         var header: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
         var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0, pidfd: Int32 = -1
@@ -115,7 +118,7 @@ public struct TimedFrameReader {
             }
         }
         let failure = r < 0 ? errno : 0
-        let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
+        let handle = FrameSender.Handle(received: pidfd)
         if failure == EINTR || failure == EAGAIN { return nil }  // nothing read: `read` waits again
         if failure != 0 { throw .io(failure) }
         // Bytes were taken: their sender is named, whatever follows.
@@ -149,7 +152,7 @@ public struct TimedFrameReader {
             var pid: Int32 = -1, uid: UInt32 = 0, gid: UInt32 = 0, pidfd: Int32 = -1
             let r = ckh_recv_cred(fd, buf.baseAddress! + done, UInt(buf.count - done), pollFirst ? 0 : 1, &pid, &uid, &gid, &pidfd)
             // Owned at once, so that it is closed on every path below.
-            let handle: FrameSender.Handle = pidfd >= 0 ? .open(SenderPIDFD(owning: pidfd)) : pidfd == -2 ? .gone : .notSent
+            let handle = FrameSender.Handle(received: pidfd)
             pollFirst = true
             if r == 0 { break }
             if r < 0 {

@@ -123,9 +123,7 @@ extension VaultStore {
             } else if let head = try readHead() {
                 previous = (head.seq, head.mac)
             } else {
-                previous = try db.withStatement("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1") { (s) throws(DatabaseError) in
-                    try s.step() ? (s.int64(0), s.blob(1)) : (0, genesisMAC)
-                }
+                previous = try newestEntry() ?? (0, genesisMAC)
             }
             let seq = previous.seq + 1
             var details: [UInt8]?
