@@ -295,3 +295,60 @@ void ckh_word_wait(uint32_t *word, uint32_t expected) {
 }
 
 void ckh_word_wake(uint32_t *word) { (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }
+
+/* The broker's event loop (EventLoop.swift): one epoll set of kept connections, each armed
+   one-shot with an id, and an eventfd that asks a worker to lead a group commit. */
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+
+int ckh_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
+
+int ckh_epoll_arm(int epfd, int fd, int op, int oneshot, uint64_t id) {
+    struct epoll_event ev;
+    memset(&ev, 0, sizeof(ev));
+    ev.events = EPOLLIN | (oneshot ? EPOLLONESHOT : 0);
+    ev.data.u64 = id;
+    return epoll_ctl(epfd, op == 0 ? EPOLL_CTL_ADD : op == 1 ? EPOLL_CTL_MOD : EPOLL_CTL_DEL, fd, &ev);
+}
+
+int ckh_epoll_wait_one(int epfd, uint64_t *id) {
+    struct epoll_event ev;
+    int n = epoll_wait(epfd, &ev, 1, -1);
+    if (n == 1) *id = ev.data.u64;
+    return n;
+}
+
+int ckh_eventfd_create(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
+
+void ckh_eventfd_signal(int fd) {
+    uint64_t one = 1;
+    ssize_t r;
+    do { r = write(fd, &one, sizeof(one)); } while (r < 0 && errno == EINTR);
+}
+
+void ckh_eventfd_drain(int fd) {
+    uint64_t value;
+    ssize_t r;
+    do { r = read(fd, &value, sizeof(value)); } while (r < 0 && errno == EINTR);
+}
+
+int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char h[4]) {
+    /* 1 when a whole frame (4-byte big-endian length, then that many bytes, 2 … max_payload) is
+       in the socket, its header copied to h; nothing is taken. 0 for anything else (not all
+       there yet, a length out of range, end of stream, an error): the caller then reads with
+       deadlines, which says why. */
+    ssize_t n = recv(fd, h, 4, MSG_PEEK | MSG_DONTWAIT);
+    if (n != 4) return 0;
+    uint32_t length = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
+    if (length < 2 || length > max_payload) return 0;
+    int queued = 0;
+    if (ioctl(fd, FIONREAD, &queued) != 0 || queued < 0) return 0;
+    return (uint64_t)queued >= (uint64_t)length + 4 ? 1 : 0;
+}
+
+long ckh_send_nowait(int fd, const void *buf, unsigned long len) {
+    ssize_t r;
+    do { r = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL); } while (r < 0 && errno == EINTR);
+    return (long)r;
+}

@@ -152,15 +152,38 @@ public final class Broker: Sendable {
     func transact<R>(_ record: AuditRecord, _ body: (VaultStore) throws(StoreError) -> R,
                      discard: (R) -> Void = { _ in }) -> Result<R, StoreError> {
         var result: Result<R, StoreError> = .failure(.auditWriteFailed)
-        let committed = group.run({ store in
-            do throws(StoreError) {
-                result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
-                return true
-            } catch {
-                result = .failure(error)
-                return false
-            }
-        }, withStore: { work in withStore(work) })
+        let committed = group.run({ store in Self.runMember(body, on: store, into: &result) },
+                                  withStore: { work in withStore(work) })
+        return settle(record, result, committed: committed, discard: discard)
+    }
+
+    /// `transact` without waiting for the commit: `then` gets the same result, on the thread
+    /// that led the commit (GroupCommit.submit), and must not block.
+    func transactWithoutWaiting<R>(_ record: AuditRecord, _ body: @escaping (VaultStore) throws(StoreError) -> R,
+                                   discard: @escaping (R) -> Void, then: @escaping (Result<R, StoreError>) -> Void) {
+        let pending = PendingResult<R>()
+        group.submit({ store in Self.runMember(body, on: store, into: &pending.result) },
+                     withStore: { [self] work in withStore(work) },
+                     completion: { [self] committed in then(settle(record, pending.result, committed: committed, discard: discard)) })
+    }
+
+    /// A member's part, as a nested transaction of its group's: false rolls back this member alone.
+    private static func runMember<R>(_ body: (VaultStore) throws(StoreError) -> R, on store: VaultStore,
+                                     into result: inout Result<R, StoreError>) -> Bool {
+        do throws(StoreError) {
+            result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
+            return true
+        } catch {
+            result = .failure(error)
+            return false
+        }
+    }
+
+    /// What a member's caller gets once its group is finished: nothing of a group whose commit
+    /// failed (`discard` wipes what the member had produced).
+    private func settle<R>(_ record: AuditRecord, _ result: Result<R, StoreError>, committed: Bool,
+                           discard: (R) -> Void) -> Result<R, StoreError> {
+        var result = result
         if case .success(let value) = result, !committed {
             discard(value)
             result = .failure(.auditWriteFailed)
@@ -202,4 +225,10 @@ public final class Broker: Sendable {
         let text = "keyholdd: \(line)\n"
         _ = text.withCString { write(2, $0, strlen($0)) }
     }
+}
+
+/// A submitted member's result, written by the leader inside the group and read by the
+/// completion after it (GroupCommit orders the two under its mutex).
+private final class PendingResult<R>: @unchecked Sendable {
+    var result: Result<R, StoreError> = .failure(.auditWriteFailed)
 }

@@ -11,6 +11,11 @@ import KeyholdVault
 ///
 /// Members' work must be short and never block (no PAM, no socket I/O): it runs under the
 /// store lock, on the leader's thread.
+///
+/// A member queued with `submit` does not wait: its completion runs with its outcome, after the
+/// commit, on the thread that led its group (the broker's event loop answers a `get` that way,
+/// EventLoop.swift). A completion must not block either: every later group's members wait for
+/// the thread that runs it to lead again or hand the lead on.
 final class GroupCommit: @unchecked Sendable {
     /// One caller's queued work. `work` and `committed` are guarded by `GroupCommit.mutex`
     /// until `word` says finished; then they are the caller's alone.
@@ -19,6 +24,8 @@ final class GroupCommit: @unchecked Sendable {
         /// (`withoutActuallyEscaping`), and a finished member may return before `lead` does.
         var work: ((VaultStore) -> Bool)?
         var committed = false
+        /// `submit`'s: run with the outcome once finished; nil for `run`'s, which wait on `word`.
+        var completion: ((Bool) -> Void)?
         /// What the caller waits for, set under the mutex and read without it: waiting, told
         /// to lead, or finished. A word of its own, so that a woken member does not take the
         /// group's mutex back (a herd the next leader had to wait through: measured as most of
@@ -87,8 +94,54 @@ final class GroupCommit: @unchecked Sendable {
         }
     }
 
-    /// Called with the mutex held; returns with it held. Takes everything queued so far.
+    /// Where a finished leader hands the lead when only `submit`'s members are queued (none of
+    /// them has a thread waiting to be told): the broker's event loop, which lets a free worker
+    /// call `leadIfQueued`. Without one, the finishing leader leads again itself.
+    private var leadElsewhere: (@Sendable () -> Void)?
+
+    func handLeadTo(_ elsewhere: @escaping @Sendable () -> Void) {
+        pthread_mutex_lock(mutex)
+        leadElsewhere = elsewhere
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Queues `work` for the next group and returns at once, or after leading that group when
+    /// no commit is in progress; `completion` gets whether the commit holding it succeeded (as
+    /// `run` returns it).
+    func submit(_ work: @escaping (VaultStore) -> Bool, withStore: @escaping ((VaultStore) -> Void) -> Void,
+                completion: @escaping (Bool) -> Void) {
+        let member = Member(work)
+        member.completion = completion
+        pthread_mutex_lock(mutex)
+        queue.append(member)
+        if !leading { lead(withStore) }
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Leads the queued members if no commit is in progress (a worker told by `leadElsewhere`);
+    /// a member waiting in `run` is told to lead instead, as a finished leader would.
+    func leadIfQueued(withStore: @escaping ((VaultStore) -> Void) -> Void) {
+        pthread_mutex_lock(mutex)
+        if !leading, !queue.isEmpty {
+            if let waiter = queue.first(where: { $0.completion == nil }) {
+                ckh_word_store(waiter.word, State.lead)
+                pthread_mutex_unlock(mutex)
+                ckh_word_wake(waiter.word)
+                return
+            }
+            lead(withStore)
+        }
+        pthread_mutex_unlock(mutex)
+    }
+
+    /// Called with the mutex held; returns with it held. Takes everything queued so far, and
+    /// again while only submitted members are queued and no one else is to lead them.
     private func lead(_ withStore: ((VaultStore) -> Void) -> Void) {
+        while leadOnce(withStore), !leading, !queue.isEmpty {}
+    }
+
+    /// One group; true when this thread is to lead the next one itself.
+    private func leadOnce(_ withStore: ((VaultStore) -> Void) -> Void) -> Bool {
         leading = true
         let group = queue
         queue.removeAll(keepingCapacity: true)
@@ -106,23 +159,38 @@ final class GroupCommit: @unchecked Sendable {
 
         pthread_mutex_lock(mutex)
         // Words are set under the mutex, so a later "lead" never overwrites "finished".
+        var completions: [(run: (Bool) -> Void, committed: Bool)] = []
+        var waiters: [Member] = []
         for (i, member) in group.enumerated() {
             member.work = nil
             member.committed = committed && results[i]
+            if let completion = member.completion {
+                completions.append((completion, member.committed))
+                member.completion = nil
+            } else {
+                waiters.append(member)
+            }
             ckh_word_store(member.word, State.finished)
         }
         commits += 1
         membersCommitted += group.count
         leading = false
-        // The oldest waiter leads next (unless a newcomer takes the lead first).
-        let next = queue.first
+        // The oldest waiter leads next (unless a newcomer takes the lead first); with only
+        // submitted members queued, whoever `leadElsewhere` names, else this thread again.
+        let next = queue.first(where: { $0.completion == nil })
         if let next { ckh_word_store(next.word, State.lead) }
+        let elsewhere = next == nil && !queue.isEmpty ? leadElsewhere : nil
+        let again = next == nil && !queue.isEmpty && elsewhere == nil
         // Woken after the mutex is let go; the members stay alive meanwhile (`group` and
         // `next` hold them), also once their callers have returned.
         pthread_mutex_unlock(mutex)
         if let next { ckh_word_wake(next.word) }
-        for member in group { ckh_word_wake(member.word) }
+        elsewhere?()
+        for member in waiters { ckh_word_wake(member.word) }
+        // The lead is handed on first, so the next group commits while these answers go out.
+        for c in completions { c.run(c.committed) }
         pthread_mutex_lock(mutex)
+        return again
     }
 
     /// How much the leader's thread is favoured while it leads: nice 10 lower weighs about nine

@@ -50,6 +50,9 @@ enum Listener {
     }
 
     static func serve(_ listener: Int32, broker: Broker) -> Never {
+        // Without one (no epoll or eventfd), kept connections wait on their threads, as before.
+        let loop = EventLoop(broker: broker, slots: slots, threads: threads)
+        if loop == nil { broker.log("event loop unavailable; kept connections wait on threads") }
         while true {
             let fd = ckh_accept_cloexec(listener)
             if fd < 0 {
@@ -84,12 +87,12 @@ enum Listener {
             let peer = Peer(fd: fd, pid: pid, uid: uid)
             let owner = uid
             let started = threads.run {
-                defer {
+                // Once the event loop took it, the loop closes it.
+                if !Session.serve(fd: fd, peer: peer, broker: broker, slots: slots, loop: loop) {
                     peer.close()
                     close(fd)
                     slots.release(uid: owner)
                 }
-                Session.serve(fd: fd, peer: peer, broker: broker, slots: slots)
             }
             if !started {
                 peer.close()

@@ -30,7 +30,9 @@ struct Session {
     /// kept connection may have changed hands or executables since), and answers.
     /// `slots`: where a kept connection waits for its next request, so that its uid, at its
     /// cap, can have it ended (ConnectionSlots.makeRoom).
-    static func serve(fd: Int32, peer: Peer, broker: Broker, slots: ConnectionSlots? = nil) {
+    /// `loop`: where the connection waits after its first request (EventLoop.swift); true when
+    /// it took the connection, which this thread then leaves open.
+    static func serve(fd: Int32, peer: Peer, broker: Broker, slots: ConnectionSlots? = nil, loop: EventLoop? = nil) -> Bool {
         var reader = TimedFrameReader(fd: fd)
         var first = true
         var kept: KeptWait?
@@ -47,33 +49,106 @@ struct Session {
                 read = .failure(error)
             }
             if let kept, let waitingSince, kept.stopWaiting(waitingSince) {
-                // Ended to make room: a request sent before that is answered *busy*, not
-                // decided (its client asks again on a new connection); then the connection ends.
-                if case .success(let p?) = read {
-                    p.wipe()
-                    let busy = BrokerMessage.response(Response(.busy, detail: "connection ended to make room; try again")).encode()
-                    try? Frame.write(busy, to: fd)
-                    busy.wipe()
-                }
-                return
+                if case .success(let p?) = read { answerBusyAfterWaitEnded(p, fd: fd) }
+                return false
             }
             let payload: SecureBytes
             switch read {
-            case .success(nil): return  // the client left (or, after its first request, did not ask again in time)
+            case .success(nil): return false  // the client left (or, after its first request, did not ask again in time)
             case .success(let p?): payload = p
             case .failure(let error):
-                // Whoever sent the bytes that were read, if any did; else the peer.
-                var caller = reader.senders.isEmpty ? Caller.identify(socket: fd, peer: peer)
-                    : Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-                caller.identityProblem = "the request could not be read"
-                Session(fd: fd, caller: caller, broker: broker).rejectMalformed(error)
-                return
+                reject(error, readBy: reader, fd: fd, peer: peer, broker: broker)
+                return false
             }
             let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
             guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid),
-                                                                   kept: !first) else { return }
+                                                                   kept: !first) else { return false }
             first = false
+            // From here on it waits for its next request in the loop, not on this thread.
+            if kept == nil, let loop, loop.adopt(fd: fd, peer: peer) { return true }
         }
+    }
+
+    /// One request on a kept connection whose bytes have begun to come, for the event loop
+    /// (a request not yet wholly sent, which a worker does not wait for): read within the
+    /// request's deadline, identify its sender, answer. True when the connection may carry
+    /// another.
+    static func serveNext(fd: Int32, peer: Peer, broker: Broker) -> Bool {
+        var reader = TimedFrameReader(fd: fd)
+        let payload: SecureBytes
+        do throws(FrameError) {
+            guard let read = try reader.read(idleMilliseconds: Deadlines.requestMilliseconds,
+                                             frameMilliseconds: Deadlines.requestMilliseconds, idleEndsStream: true) else { return false }
+            payload = read
+        } catch {
+            reject(error, readBy: reader, fd: fd, peer: peer, broker: broker)
+            return false
+        }
+        let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+        return Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid), kept: true)
+    }
+
+    /// A kept connection whose wait for a next request was ended (ConnectionSlots.makeRoom, or
+    /// the event loop's idle limit; its reading side is shut, so this does not wait): a request
+    /// sent before that is answered *busy*, not decided.
+    static func answerBusyIfAsked(fd: Int32) {
+        var reader = TimedFrameReader(fd: fd)
+        if case let p?? = try? reader.read(idleMilliseconds: 100, frameMilliseconds: 100, idleEndsStream: true) {
+            answerBusyAfterWaitEnded(p, fd: fd)
+        }
+    }
+
+    /// Ended to make room: the request is answered *busy* (its client asks again on a new
+    /// connection); then the connection ends.
+    private static func answerBusyAfterWaitEnded(_ payload: SecureBytes, fd: Int32) {
+        payload.wipe()
+        let busy = BrokerMessage.response(Response(.busy, detail: "connection ended to make room; try again")).encode()
+        try? Frame.write(busy, to: fd)
+        busy.wipe()
+    }
+
+    /// A request that could not be read: refused, audited under whoever sent the bytes that were
+    /// read, if any did; else the peer.
+    static func reject(_ error: FrameError, readBy reader: TimedFrameReader, fd: Int32, peer: Peer, broker: Broker) {
+        var caller = reader.senders.isEmpty ? Caller.identify(socket: fd, peer: peer)
+            : Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+        caller.identityProblem = "the request could not be read"
+        Session(fd: fd, caller: caller, broker: broker).rejectMalformed(error)
+    }
+
+    /// What a worker of the event loop may answer itself (EventLoop.next): a `get` from the
+    /// connection's own user, not a Secret Service claim, of an item whose policy needs no
+    /// person, no application password and no executable check, so that neither the gate nor
+    /// the release waits for anything but the commit. nil leaves the request to `run` on a
+    /// thread (which decodes and checks it again, all of it). Checked in `run`'s order, the
+    /// audit budget last: a refusal there is the *busy* answer `run` gives, which ends the
+    /// connection.
+    enum WorkerRequest {
+        case get(Request, ReleaseRow)
+        case refused(Response)
+    }
+
+    func forWorker(_ payload: SecureBytes, senderUIDs: [UInt32]) -> WorkerRequest? {
+        guard let message = try? ClientMessage.decode(payload), case .request(let request) = message else { return nil }
+        let policy: Policy?
+        let found: ReleaseRow?
+        if request.operation == .get, request.claimedPID == nil, let ref = request.item,
+           !senderUIDs.contains(where: { $0 != caller.uid }), broker.rollbackAnswer() == nil,
+           case .success(let row?) = releaseLookup(ref) {
+            (policy, found) = (row.item.access.policy, row)
+        } else {
+            (policy, found) = (nil, nil)
+        }
+        guard let policy, let found, policy.constraints.isEmpty, !policy.requiresAppPassword,
+              found.item.access.allowedExecutables.isEmpty else {
+            request.secret?.wipe()
+            request.appPassword?.wipe()
+            return nil
+        }
+        guard broker.budget.admit(uid: caller.uid) else {
+            return .refused(Response(.busy, detail: "too many requests from this user; try again shortly"))
+        }
+        return .get(request, found)
     }
 
     /// Answers one request; true when the connection may carry another (`keepsConnection`, and
@@ -134,7 +209,7 @@ struct Session {
 
     /// A frame that could not be parsed gets an error frame (when the socket still works), an
     /// audit entry, and the connection is closed by the caller of `run`.
-    fileprivate func rejectMalformed(_ error: FrameError) {
+    func rejectMalformed(_ error: FrameError) {
         guard broker.budget.admit(uid: caller.uid) else { return }  // counted for its refused-burst entry
         let outcome: Outcome = .usage
         broker.audit(AuditEvent(caller: caller, operation: .invalid, decision: .error, outcome: outcome))

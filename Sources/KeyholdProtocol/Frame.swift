@@ -37,6 +37,13 @@ public enum Frame {
     /// Writes one frame: header and payload in one buffer so a reader never sees half a header.
     public static func write(_ payload: SecureBytes, to fd: Int32) throws(FrameError) {
         guard payload.count <= maxPayloadBytes else { throw .oversized(payload.count) }
+        let framed = framed(payload)
+        try framed.withUnsafeBytes { (buf) throws(FrameError) in try writeFully(fd, buf) }
+    }
+
+    /// Header and payload in one buffer (for a writer that sends it itself: the broker's event
+    /// loop, which must not wait for a client). The caller checks the size, as `write` does.
+    public static func framed(_ payload: SecureBytes) -> SecureBytes {
         let framed = SecureBytes(count: payload.count + 4)
         framed.withUnsafeMutableBytes { out in
             let n = payload.count
@@ -46,7 +53,7 @@ public enum Frame {
                 if n > 0 { (out.baseAddress! + 4).copyMemory(from: inp.baseAddress!, byteCount: n) }
             }
         }
-        try framed.withUnsafeBytes { (buf) throws(FrameError) in try writeFully(fd, buf) }
+        return framed
     }
 
     static func readFully(_ fd: Int32, into array: inout [UInt8]) throws(FrameError) -> Int {

@@ -108,6 +108,18 @@ public struct TimedFrameReader {
         guard left > 0, ckh_poll1(fd, Int32(POLLIN), Int32(clamping: left)) > 0 else { return nil }
         var peeked: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)
         guard withUnsafeMutableBytes(of: &peeked, { ckh_peek(fd, $0.baseAddress!, 4) }) == 4 else { return nil }
+        return try readPeeked(peeked, frameBy: frameBy)
+    }
+
+    /// A frame the caller found wholly in the socket (`ckh_frame_waiting`, the broker's event
+    /// loop) with `header` peeked: read as `read` reads the usual frame, without waiting for
+    /// its first byte; nil, with nothing read, when it cannot be (`read` then says why).
+    public mutating func readWaiting(header: (UInt8, UInt8, UInt8, UInt8), frameMilliseconds: Int) throws(FrameError) -> SecureBytes? {
+        senders = []
+        return try readPeeked(header, frameBy: Self.nowMilliseconds() + frameMilliseconds)
+    }
+
+    private mutating func readPeeked(_ peeked: (UInt8, UInt8, UInt8, UInt8), frameBy: Int) throws(FrameError) -> SecureBytes? {
         guard let length = try? Frame.payloadLength(peeked.0, peeked.1, peeked.2, peeked.3) else { return nil }
         let payload = SecureBytes(count: length)
         var header: (UInt8, UInt8, UInt8, UInt8) = (0, 0, 0, 0)

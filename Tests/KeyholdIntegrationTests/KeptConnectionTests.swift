@@ -66,7 +66,17 @@ extension HostileLocalUserTests {
         let b = try BrokerFixture()
         let big = [UInt8](repeating: 0x61, count: 60 * 1024)
         #expect(b.cli(["put", "svc", "big"], stdin: big, asUser: user.name).status == 0)
-        let r = hostile(b, ["neverreads", "svc", "big", "40", "75"], as: user)
+        #expect(b.cli(["put", "svc", "a"], stdin: Array("kept-value".utf8), asUser: user.name).status == 0)
+        let neverReads = hostileInBackground(b, ["neverreads", "svc", "big", "40", "75"], as: user)
+        // Meanwhile another client's gets on a kept connection are answered: the answers the
+        // first one leaves unread are written by a thread of their own (EventLoop.send), not by
+        // the thread whose commit every other client waits for.
+        usleep(2_000_000)
+        let other = hostile(b, ["kept", "svc", "a", "5"], as: user)
+        let r = neverReads()
+        #expect(other["outcomes"] as? [String] == ["ok", "ok", "ok", "ok", "ok"], "\(other)")
+        let answeredAt = other["answered_at"] as? Double ?? .infinity
+        #expect(answeredAt < r["ended_at"] as? Double ?? 0, "the other client waited for the unread answers: \(other) \(r)")
         let seconds = r["seconds"] as? Double ?? 0
         #expect(r["ended"] as? Bool == true, "the broker still held the connection after 75 s: \(r)")
         #expect(seconds >= 25, "ended before the send timeout could pass: \(r)")
@@ -74,6 +84,29 @@ extension HostileLocalUserTests {
         expectSecret(b.cli(["get", "svc", "big"], asUser: user.name).stdout, equals: big)
         let answered = auditEntries(b).filter { ($0["reason"] as? String)?.hasPrefix("neverreads-") == true }
         #expect(!answered.isEmpty && answered.allSatisfy { ($0["outcome"] as? String) == "ok" }, "\(answered.count) entries")
+    }
+
+    /// Requests sent in parts on kept connections (more of them than the event loop has
+    /// workers) are read by threads of their own with the request's deadline, and answered once
+    /// whole; meanwhile another client's gets on its kept connection are answered.
+    @Test func requestsSentInPartsOnKeptConnectionsHoldNoOneElse() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "a"], stdin: Array("kept-value".utf8), asUser: user.name).status == 0)
+        let ready = readyPath(b)
+        let slow = hostileInBackground(b, ["keptslow", "svc", "a", "\(EventLoopWorkers.count + 2)", "2", ready], as: user)
+        #expect(waitForFile(ready))
+        let other = hostile(b, ["kept", "svc", "a", "5"], as: user)
+        let r = slow()
+        #expect(other["outcomes"] as? [String] == ["ok", "ok", "ok", "ok", "ok"], "\(other)")
+        #expect((other["answered_at"] as? Double ?? .infinity) < (r["rest_at"] as? Double ?? 0),
+                "the other client waited for the requests sent in parts: \(other) \(r)")
+        let n = EventLoopWorkers.count + 2
+        #expect(r["firsts"] as? [String] == Array(repeating: "ok", count: n) && r["seconds"] as? [String] == Array(repeating: "ok", count: n), "\(r)")
+        let entries = auditEntries(b)
+        for i in 0..<n {
+            #expect(entries.contains { ($0["reason"] as? String) == "slow-\(i)" && ($0["outcome"] as? String) == "ok" }, "slow-\(i)")
+        }
     }
 
     @Test func malformedFrameOnAKeptConnectionIsAnsweredAuditedAndEndsIt() throws {
@@ -266,3 +299,6 @@ extension HostileLocalUserTests {
         #expect(served.load(ordering: .relaxed) == 2000, "every request answered once (none asked twice after it was read)")
     }
 }
+
+/// The broker's event-loop worker count (EventLoop.workers), which the tests outnumber.
+enum EventLoopWorkers { static let count = 3 }

@@ -78,4 +78,16 @@ int ckh_word_swap_if(uint32_t *word, uint32_t expected, uint32_t desired);
 void ckh_word_wait(uint32_t *word, uint32_t expected);
 void ckh_word_wake(uint32_t *word);
 
+
+/* The broker's event loop (EventLoop.swift). */
+int ckh_epoll_create(void);
+/* op: 0 add, 1 modify, 2 delete; armed for input, one-shot when asked, with an id. */
+int ckh_epoll_arm(int epfd, int fd, int op, int oneshot, uint64_t id);
+int ckh_epoll_wait_one(int epfd, uint64_t *id);
+int ckh_eventfd_create(void);
+void ckh_eventfd_signal(int fd);
+void ckh_eventfd_drain(int fd);
+int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char header[4]);
+long ckh_send_nowait(int fd, const void *buf, unsigned long len);
+
 #endif

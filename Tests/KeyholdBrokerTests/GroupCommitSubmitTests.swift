@@ -1,0 +1,153 @@
+import Foundation
+import Synchronization
+import Testing
+import KeyholdCore
+import KeyholdVault
+import KeyholdTestSupport
+@testable import KeyholdBroker
+
+/// Members queued with `GroupCommit.submit` (the event loop's `get`s) do not wait for their
+/// commit: each completion runs once, after the commit that holds its entry, with that
+/// commit's outcome; a commit that fails releases nothing to any of them.
+@Suite struct GroupCommitSubmitTests {
+    typealias Harness = GroupCommitTests.Harness
+
+    /// Rows of `pid` committed, read on a connection of its own (only what is committed).
+    static func committed(_ h: Harness, pid: Int32) throws -> Int {
+        let db = try Database(path: h.directory + "/state/vault.db", readOnly: true)
+        defer { db.close() }
+        return try db.withStatement("SELECT count(*) FROM audit WHERE caller_pid = ?1") { (s) throws(DatabaseError) -> Int in
+            try s.bind(1, Int64(pid))
+            return try s.step() ? Int(s.int64(0)) : -1
+        }
+    }
+
+    func submit(_ h: Harness, _ work: @escaping (VaultStore) -> Bool, then: @escaping (Bool) -> Void) {
+        h.group.submit(work, withStore: { body in h.store.withLock { body($0) } }, completion: then)
+    }
+
+    /// 8 threads submit and 8 wait (`run`), 60 members each, some failing their own part:
+    /// every completion runs exactly once, with its member's outcome, and finds its entry
+    /// committed (or absent) on another connection; exactly the acknowledged entries are
+    /// stored and the chain is intact. Bounded at 60 s.
+    @Test func submittedMembersAreAnsweredOnceAfterTheirCommit() throws {
+        let h = try Harness()
+        let threads = 16, rounds = 60, total = threads * rounds
+        let calls = Mutex([Int](repeating: 0, count: total))
+        let outcomes = Mutex([Bool?](repeating: nil, count: total))
+        let onDisk = Mutex([Int](repeating: -1, count: total))
+        let left = Atomic<Int>(total)
+        let finished = DispatchSemaphore(value: 0)
+        @Sendable func settle(_ i: Int, _ ok: Bool, seen: Int) {
+            calls.withLock { $0[i] += 1 }
+            outcomes.withLock { $0[i] = ok }
+            onDisk.withLock { $0[i] = seen }
+            if left.subtract(1, ordering: .sequentiallyConsistent).newValue == 0 { finished.signal() }
+        }
+        Thread.detachNewThread {
+            runThreads(threads) { t in
+                for r in 0..<rounds {
+                    let i = t * rounds + r
+                    let pid = Int32(100_000 + i)
+                    let work: (VaultStore) -> Bool = { store in
+                        guard i % 9 != 0 else { return false }  // this member's own failure
+                        return (try? store.append(GroupCommitTests.record("submit-\(i)", pid: pid))) != nil
+                    }
+                    if t % 2 == 0 {
+                        submit(h, work) { ok in settle(i, ok, seen: (try? Self.committed(h, pid: pid)) ?? -1) }
+                    } else {
+                        let ok = h.run(work)
+                        settle(i, ok, seen: (try? Self.committed(h, pid: pid)) ?? -1)
+                    }
+                    if r % 11 == 0 { usleep(UInt32.random(in: 0...300)) }
+                }
+            }
+        }
+        try #require(finished.wait(timeout: .now() + 60) == .success, "a member was never answered")
+        usleep(100_000)  // a second, wrong completion would land here
+        #expect(calls.withLock { $0 }.allSatisfy { $0 == 1 })
+        let seen = outcomes.withLock { $0 }, disk = onDisk.withLock { $0 }
+        for i in 0..<total {
+            #expect(seen[i] == (i % 9 != 0), "member \(i): \(String(describing: seen[i]))")
+            #expect(disk[i] == (i % 9 != 0 ? 1 : 0), "member \(i) answered with \(disk[i]) rows committed")
+        }
+        let acknowledged = seen.filter { $0 == true }.count
+        #expect(try h.entries(reason: "submit-") == acknowledged)
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: Int64(acknowledged)))
+    }
+
+    /// A leader holds 47 submitted members queued behind its own group; one of them trips a
+    /// fault at COMMIT: every one of the 47 completions gets false, none of their entries is
+    /// stored, and the next group commits normally.
+    @Test func aFailedCommitReleasesNothingToSubmittedMembers() throws {
+        let h = try Harness()
+        try h.sql("""
+            CREATE TABLE fault_parent (id INTEGER PRIMARY KEY);
+            CREATE TABLE fault_child (p INTEGER REFERENCES fault_parent(id) DEFERRABLE INITIALLY DEFERRED);
+            CREATE TRIGGER commit_fault AFTER INSERT ON audit WHEN NEW.caller_pid = 666
+            BEGIN INSERT INTO fault_child VALUES (1); END;
+            """)
+        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0), firstDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            _ = h.run { store in
+                inside.signal()
+                proceed.wait()
+                return (try? store.append(GroupCommitTests.record("first"))) != nil
+            }
+            firstDone.signal()
+        }
+        inside.wait()
+        let answers = Mutex([Bool?](repeating: nil, count: 47))
+        let answered = DispatchSemaphore(value: 0)
+        for i in 0..<47 {
+            let r = GroupCommitTests.record("c-\(i)", pid: i == 23 ? 666 : 4242)
+            // Returns at once: the leader is busy with its own group.
+            submit(h, { store in (try? store.append(r)) != nil }) { ok in
+                answers.withLock { $0[i] = ok }
+                answered.signal()
+            }
+        }
+        #expect(h.group.waiting == 47)
+        proceed.signal()
+        firstDone.wait()
+        for _ in 0..<47 { try #require(answered.wait(timeout: .now() + 30) == .success) }
+        #expect(answers.withLock { $0 }.allSatisfy { $0 == false }, "a member of the failed group was acknowledged")
+        let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
+        #expect(onDisk == ["first"])
+        try h.sql("DROP TRIGGER commit_fault")
+        #expect(GroupCommitTests.burst(h, members: 8, marker: "after").allSatisfy { $0 })
+        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
+    }
+
+    /// With a place to hand the lead to (the broker's event loop), a leader that leaves only
+    /// submitted members queued asks there, and whoever answers (`leadIfQueued`) commits them.
+    @Test func theLeadIsHandedOnWhenOnlySubmittedMembersAreQueued() throws {
+        let h = try Harness()
+        let asked = DispatchSemaphore(value: 0)
+        h.group.handLeadTo { asked.signal() }
+        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0), firstDone = DispatchSemaphore(value: 0)
+        Thread.detachNewThread {
+            _ = h.run { store in
+                inside.signal()
+                proceed.wait()
+                return (try? store.append(GroupCommitTests.record("first"))) != nil
+            }
+            firstDone.signal()
+        }
+        inside.wait()
+        let answered = DispatchSemaphore(value: 0)
+        let ok = Mutex(false)
+        submit(h, { store in (try? store.append(GroupCommitTests.record("queued"))) != nil }) { committed in
+            ok.withLock { $0 = committed }
+            answered.signal()
+        }
+        proceed.signal()
+        firstDone.wait()
+        try #require(asked.wait(timeout: .now() + 30) == .success, "the lead was not handed on")
+        #expect(answered.wait(timeout: .now() + 0.2) == .timedOut, "committed before anyone took the lead")
+        h.group.leadIfQueued(withStore: { body in h.store.withLock { body($0) } })
+        try #require(answered.wait(timeout: .now() + 30) == .success)
+        #expect(ok.withLock { $0 })
+        #expect(try h.entries(reason: "queued") == 1)
+    }
+}
