@@ -352,3 +352,6 @@ long ckh_send_nowait(int fd, const void *buf, unsigned long len) {
     do { r = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL); } while (r < 0 && errno == EINTR);
     return (long)r;
 }
+
+#include <malloc.h>
+void ckh_limit_malloc_arenas(int arenas) { (void)mallopt(M_ARENA_MAX, arenas); }

@@ -90,4 +90,7 @@ void ckh_eventfd_drain(int fd);
 int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char header[4]);
 long ckh_send_nowait(int fd, const void *buf, unsigned long len);
 
+/* glibc malloc: at most `arenas` arenas for the process (the broker: one per core). */
+void ckh_limit_malloc_arenas(int arenas);
+
 #endif
