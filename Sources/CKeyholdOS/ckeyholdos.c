@@ -348,9 +348,11 @@ int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char h[4]) {
 }
 
 long ckh_send_nowait(int fd, const void *buf, unsigned long len) {
+    /* The bytes taken, or -errno (returned, so that nothing between here and the caller's
+       check can change it). */
     ssize_t r;
     do { r = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL); } while (r < 0 && errno == EINTR);
-    return (long)r;
+    return r < 0 ? -(long)errno : (long)r;
 }
 
 #include <malloc.h>

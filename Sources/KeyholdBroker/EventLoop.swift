@@ -176,7 +176,7 @@ final class EventLoop: Sendable {
             framed.wipe()
             return keeps ? again(held) : end(held)
         }
-        guard sent >= 0 || errno == EAGAIN || errno == EWOULDBLOCK else {
+        guard sent >= 0 || sent == -Int(EAGAIN) || sent == -Int(EWOULDBLOCK) else {
             framed.wipe()
             return end(held)
         }
