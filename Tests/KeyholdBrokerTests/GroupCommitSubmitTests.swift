@@ -81,22 +81,8 @@ import KeyholdTestSupport
     /// stored, and the next group commits normally.
     @Test func aFailedCommitReleasesNothingToSubmittedMembers() throws {
         let h = try Harness()
-        try h.sql("""
-            CREATE TABLE fault_parent (id INTEGER PRIMARY KEY);
-            CREATE TABLE fault_child (p INTEGER REFERENCES fault_parent(id) DEFERRABLE INITIALLY DEFERRED);
-            CREATE TRIGGER commit_fault AFTER INSERT ON audit WHEN NEW.caller_pid = 666
-            BEGIN INSERT INTO fault_child VALUES (1); END;
-            """)
-        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0), firstDone = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            _ = h.run { store in
-                inside.signal()
-                proceed.wait()
-                return (try? store.append(GroupCommitTests.record("first"))) != nil
-            }
-            firstDone.signal()
-        }
-        inside.wait()
+        try h.installCommitFault()
+        let first = h.holdLeader()
         let answers = Mutex([Bool?](repeating: nil, count: 47))
         let answered = DispatchSemaphore(value: 0)
         for i in 0..<47 {
@@ -108,8 +94,8 @@ import KeyholdTestSupport
             }
         }
         #expect(h.group.waiting == 47)
-        proceed.signal()
-        firstDone.wait()
+        first.proceed()
+        _ = first.finished()
         for _ in 0..<47 { try #require(answered.wait(timeout: .now() + 30) == .success) }
         #expect(answers.withLock { $0 }.allSatisfy { $0 == false }, "a member of the failed group was acknowledged")
         let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
@@ -125,24 +111,15 @@ import KeyholdTestSupport
         let h = try Harness()
         let asked = DispatchSemaphore(value: 0)
         h.group.handLeadTo { asked.signal() }
-        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0), firstDone = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            _ = h.run { store in
-                inside.signal()
-                proceed.wait()
-                return (try? store.append(GroupCommitTests.record("first"))) != nil
-            }
-            firstDone.signal()
-        }
-        inside.wait()
+        let first = h.holdLeader()
         let answered = DispatchSemaphore(value: 0)
         let ok = Mutex(false)
         submit(h, { store in (try? store.append(GroupCommitTests.record("queued"))) != nil }) { committed in
             ok.withLock { $0 = committed }
             answered.signal()
         }
-        proceed.signal()
-        firstDone.wait()
+        first.proceed()
+        _ = first.finished()
         try #require(asked.wait(timeout: .now() + 30) == .success, "the lead was not handed on")
         #expect(answered.wait(timeout: .now() + 0.2) == .timedOut, "committed before anyone took the lead")
         h.group.leadIfQueued(withStore: { body in h.store.withLock { body($0) } })

@@ -27,6 +27,34 @@ import KeyholdTestSupport
             try db.execute(text)
             db.close()
         }
+        /// A fault at COMMIT for any group holding an entry of pid 666: a deferred foreign key
+        /// that only the commit checks.
+        func installCommitFault() throws {
+            try sql("""
+                CREATE TABLE fault_parent (id INTEGER PRIMARY KEY);
+                CREATE TABLE fault_child (p INTEGER REFERENCES fault_parent(id) DEFERRABLE INITIALLY DEFERRED);
+                CREATE TRIGGER commit_fault AFTER INSERT ON audit WHEN NEW.caller_pid = 666
+                BEGIN INSERT INTO fault_child VALUES (1); END;
+                """)
+        }
+        /// A first member, on a thread of its own, that leads and holds its group open (its entry
+        /// "first" not yet written) until `proceed`; `finished` waits for it and says whether it
+        /// was acknowledged. Lets a test queue members of known number behind a running commit.
+        func holdLeader() -> (proceed: () -> Void, finished: () -> Bool) {
+            let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0), done = DispatchSemaphore(value: 0)
+            let ok = Mutex(false)
+            Thread.detachNewThread {
+                let acknowledged = self.run { store in
+                    inside.signal()
+                    proceed.wait()
+                    return (try? store.append(GroupCommitTests.record("first"))) != nil
+                }
+                ok.withLock { $0 = acknowledged }
+                done.signal()
+            }
+            inside.wait()
+            return ({ proceed.signal() }, { done.wait(); return ok.withLock { $0 } })
+        }
         func entries(reason marker: String) throws -> Int {
             try store.withLock { s in try s.auditEntries(visibleTo: nil).filter { $0.reason?.hasPrefix(marker) == true }.count }
         }
@@ -83,27 +111,10 @@ import KeyholdTestSupport
     /// none of their entries is stored; the member committed before it, and those after, land.
     @Test func aFailedCommitReleasesNothingToAnyMember() throws {
         let h = try Harness()
-        try h.sql("""
-            CREATE TABLE fault_parent (id INTEGER PRIMARY KEY);
-            CREATE TABLE fault_child (p INTEGER REFERENCES fault_parent(id) DEFERRABLE INITIALLY DEFERRED);
-            CREATE TRIGGER commit_fault AFTER INSERT ON audit WHEN NEW.caller_pid = 666
-            BEGIN INSERT INTO fault_child VALUES (1); END;
-            """)
+        try h.installCommitFault()
         // A first member holds the leader inside its work until 47 others are queued behind
         // it, so the next commit carries all 47, one of which trips the fault.
-        let inside = DispatchSemaphore(value: 0), proceed = DispatchSemaphore(value: 0)
-        let first = Mutex(false)
-        let firstDone = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            let ok = h.run { store in
-                inside.signal()
-                proceed.wait()
-                return (try? store.append(Self.record("first"))) != nil
-            }
-            first.withLock { $0 = ok }
-            firstDone.signal()
-        }
-        inside.wait()
+        let first = h.holdLeader()
         let acks = Mutex([Bool](repeating: true, count: 47))
         let all = DispatchSemaphore(value: 0)
         Thread.detachNewThread {
@@ -117,10 +128,10 @@ import KeyholdTestSupport
         let deadline = Date().addingTimeInterval(30)
         while h.group.waiting < 47 && Date() < deadline { usleep(5_000) }
         #expect(h.group.waiting == 47)
-        proceed.signal()
-        firstDone.wait()
+        first.proceed()
+        let firstAcknowledged = first.finished()
         all.wait()
-        #expect(first.withLock { $0 })
+        #expect(firstAcknowledged)
         #expect(acks.withLock { $0 }.allSatisfy { !$0 }, "a member of the failed group was acknowledged")
         let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
         #expect(onDisk == ["first"])
