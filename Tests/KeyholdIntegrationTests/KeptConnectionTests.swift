@@ -31,6 +31,42 @@ extension HostileLocalUserTests {
         expectAttacksAuditedWithTheirSenders(entries, senders)
     }
 
+    /// The same attacks against an item the event loop's workers release themselves (policy
+    /// `none`, no `--allow-exe`): a kept connection's later request is taken by a worker, which
+    /// must name the process that sent it, and must hand a request from another user than the
+    /// one that connected to a thread, where it is refused.
+    @Test func keptConnectionsServedByTheEventLoopNameTheRealSenderAndRefuseAnotherUser() throws {
+        let user = try TestUser(prefix: "khk")
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "svc", "open"], stdin: Array("loop-secret".utf8), asUser: user.name).status == 0)
+        var senders: [String: Int] = [:]
+        for attack in ["relay", "passfd"] {
+            let r = hostile(b, [attack, Self.sleepExe, "svc", "open", "svc", "open"], as: user)
+            // Any process of the owner may read a policy-none item: released, to the sender.
+            #expect(r["first"] as? String == "ok" && r["outcome"] as? String == "ok" && r["released"] as? Bool == true, "\(attack): \(r)")
+            #expect(r["sender"] as? Int != r["peer"] as? Int, "\(attack): \(r)")
+            senders[attack] = r["sender"] as? Int
+        }
+        let entries = auditEntries(b)
+        for attack in ["relay", "passfd"] {
+            let e = entries.first { ($0["reason"] as? String) == attack }
+            #expect(e?["outcome"] as? String == "ok" && e?["pid"] as? Int == senders[attack], "\(attack): \(String(describing: e))")
+            #expect(e?["executable"] as? String == Self.pythonExe, "\(attack): \(String(describing: e))")
+        }
+
+        // Root's kept connection, after root's own get of its policy-none item: a child that
+        // became the test user asks for root's item on it.
+        #expect(b.cli(["put", "svc", "root"], stdin: Array("root-only".utf8)).status == 0)
+        let run = runCommand("/usr/bin/python3", [Self.client, "crossuser", b.socketPath, "\(user.uid)", "svc", "root", "svc", "root"])
+        let r = (try? JSONSerialization.jsonObject(with: Data(run.stdout))) as? [String: Any] ?? [:]
+        #expect(r["first"] as? String == "ok", "root's own get: \(run.stdoutText) \(run.stderr)")
+        #expect(r["outcome"] as? String == "not-authorized" && r["released"] as? Bool == false, "\(run.stdoutText) \(run.stderr)")
+        let e = auditEntries(b).first { ($0["reason"] as? String) == "crossuser" }
+        #expect(e?["outcome"] as? String == "not-authorized" && e?["pid"] as? Int == r["sender"] as? Int
+                && e?["uid"] as? Int == Int(user.uid), "\(String(describing: e))")
+        expectSecret(b.cli(["get", "svc", "root"]).stdoutText, equals: "root-only")
+    }
+
     @Test func keptConnectionAuditsEachRequestAndIsLetGoWhenIdle() throws {
         let user = try TestUser(prefix: "khk")
         let b = try BrokerFixture()
