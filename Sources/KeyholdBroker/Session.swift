@@ -40,29 +40,16 @@ struct Session {
         while true {
             if !first, kept == nil { kept = slots?.keep(fd: fd, uid: peer.uid) }
             let waitingSince = kept?.startWaiting()
-            let read: Result<SecureBytes?, FrameError>
-            do throws(FrameError) {
-                let idle = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds
-                let whole = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds + Deadlines.requestMilliseconds
-                read = .success(try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first))
-            } catch {
-                read = .failure(error)
+            let idle = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds
+            let whole = first ? Deadlines.requestMilliseconds : Deadlines.keepAliveMilliseconds + Deadlines.requestMilliseconds
+            let read = Result { () throws(FrameError) in
+                try reader.read(idleMilliseconds: idle, frameMilliseconds: whole, idleEndsStream: !first)
             }
             if let kept, let waitingSince, kept.stopWaiting(waitingSince) {
                 if case .success(let p?) = read { answerBusyAfterWaitEnded(p, fd: fd) }
                 return false
             }
-            let payload: SecureBytes
-            switch read {
-            case .success(nil): return false  // the client left (or, after its first request, did not ask again in time)
-            case .success(let p?): payload = p
-            case .failure(let error):
-                reject(error, readBy: reader, fd: fd, peer: peer, broker: broker)
-                return false
-            }
-            let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-            guard Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid),
-                                                                   kept: !first) else { return false }
+            guard answer(read, readBy: reader, fd: fd, peer: peer, broker: broker, kept: !first) else { return false }
             first = false
             // From here on it waits for its next request in the loop, not on this thread.
             if kept == nil, let loop, loop.adopt(fd: fd, peer: peer) { return true }
@@ -75,17 +62,28 @@ struct Session {
     /// another.
     static func serveNext(fd: Int32, peer: Peer, broker: Broker) -> Bool {
         var reader = TimedFrameReader(fd: fd)
-        let payload: SecureBytes
-        do throws(FrameError) {
-            guard let read = try reader.read(idleMilliseconds: Deadlines.requestMilliseconds,
-                                             frameMilliseconds: Deadlines.requestMilliseconds, idleEndsStream: true) else { return false }
-            payload = read
-        } catch {
+        let read = Result { () throws(FrameError) in
+            try reader.read(idleMilliseconds: Deadlines.requestMilliseconds, frameMilliseconds: Deadlines.requestMilliseconds,
+                            idleEndsStream: true)
+        }
+        return answer(read, readBy: reader, fd: fd, peer: peer, broker: broker, kept: true)
+    }
+
+    /// One read request answered: refused (and audited) when it could not be read; else its
+    /// sender identified from the frame's credentials and the request run. True when the
+    /// connection may carry another; false also when the client left (nothing was read).
+    private static func answer(_ read: Result<SecureBytes?, FrameError>, readBy reader: TimedFrameReader,
+                               fd: Int32, peer: Peer, broker: Broker, kept: Bool) -> Bool {
+        switch read {
+        case .success(nil):
+            return false
+        case .success(let payload?):
+            let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
+            return Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid), kept: kept)
+        case .failure(let error):
             reject(error, readBy: reader, fd: fd, peer: peer, broker: broker)
             return false
         }
-        let caller = Caller.identify(socket: fd, peer: peer, senders: reader.senders)
-        return Session(fd: fd, caller: caller, broker: broker).run(payload, senderUIDs: reader.senders.map(\.uid), kept: true)
     }
 
     /// A kept connection whose wait for a next request was ended (ConnectionSlots.makeRoom, or
@@ -93,7 +91,7 @@ struct Session {
     /// sent before that is answered *busy*, not decided.
     static func answerBusyIfAsked(fd: Int32) {
         var reader = TimedFrameReader(fd: fd)
-        if case let p?? = try? reader.read(idleMilliseconds: 100, frameMilliseconds: 100, idleEndsStream: true) {
+        if let p = try? reader.read(idleMilliseconds: 100, frameMilliseconds: 100, idleEndsStream: true) {
             answerBusyAfterWaitEnded(p, fd: fd)
         }
     }
