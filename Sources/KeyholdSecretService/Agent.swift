@@ -114,13 +114,22 @@ public final class Agent {
             var byID: [String: ItemInfo] = [:]
             for i in list { byID[i.id] = i }
             state.items = byID
+            state.listedAt = MonotonicClock.milliseconds()
         } catch {
             throw Self.busError(error)
         }
     }
 
+    /// How old the listing must be before a path missing from it lists the items again. A
+    /// client that learned a path from this agent (a search, the collection's `Items`, its own
+    /// `CreateItem`) finds it in the listing; a same-user client probing made-up paths would
+    /// otherwise cost the broker a full listing, and the log a `list` entry, per probe.
+    static let relistAfterMilliseconds: Int64 = 1_000
+
+    /// The item at `id`: from the last listing, or from a new one when that is old enough.
     func item(_ id: String) throws(BusError) -> ItemInfo {
         if let i = state.items[id] { return i }
+        if let at = state.listedAt, MonotonicClock.milliseconds() - at < Self.relistAfterMilliseconds { throw .noSuchObject }
         try refreshItems()
         guard let i = state.items[id] else { throw .noSuchObject }
         return i

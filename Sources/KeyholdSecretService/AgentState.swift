@@ -49,6 +49,8 @@ final class AgentState {
     private var nextPrompt = 1
     /// Metadata of the caller's items by id, from the last listing.
     var items: [String: ItemInfo] = [:]
+    /// When that listing was made (monotonic ms; nil before the first).
+    var listedAt: Int64?
     /// Item id -> µs until which it counts as unlocked (after a prompt passed its policy).
     var unlockedUntil: [String: Int64] = [:]
 

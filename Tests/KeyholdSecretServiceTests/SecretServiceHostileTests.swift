@@ -50,6 +50,55 @@ import KeyholdTestSupport
         print("sessions-ok", results.count("ok"), "refused", sum(1 for r in results if r != "ok"), sorted(set(results))[-1])
         """
 
+    /// A same-user client probing made-up item paths (well-formed ids) gets NoSuchObject for
+    /// each and costs the broker at most one listing a second (`Agent.relistAfterMilliseconds`),
+    /// not one per probe; a path learned elsewhere (`keyhold ls --json`) is found once the
+    /// agent's listing is that old.
+    @Test func probingMadeUpItemPathsListsTheItemsAtMostOnceASecond() throws {
+        let f = try SecretServiceFixture()
+        func lists() -> Int {
+            f.cli(["audit", "--json"]).stdoutText.split(separator: "\n").filter { $0.contains("\"operation\":\"list\"") }.count
+        }
+        let before = lists()
+        let probe = f.python("""
+            import os, time, secretstorage
+            from jeepney import DBusAddress, new_method_call
+            conn = secretstorage.dbus_init()
+            C = "/org/freedesktop/secrets/collection/login/"
+            def label(path):
+                m = new_method_call(DBusAddress(path, "org.freedesktop.secrets", "org.freedesktop.DBus.Properties"),
+                                    "Get", "ss", ("org.freedesktop.Secret.Item", "Label"))
+                reply = conn.send_and_get_reply(m)
+                return reply.header.fields[4] if reply.header.message_type.name == "error" else "ok"
+            start = time.monotonic()
+            answers = [label(C + os.urandom(16).hex()) for _ in range(300)]
+            print("nosuch", answers.count("org.freedesktop.Secret.Error.NoSuchObject"), "seconds", time.monotonic() - start)
+            """)
+        let words = probe.stdoutText.split(separator: " ")
+        #expect(words.count == 4 && words[1] == "300", "\(probe.stdoutText) \(probe.stderr)")
+        let seconds = words.count == 4 ? Double(words[3].trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0 : 0
+        let listed = lists() - before
+        #expect(listed >= 1 && listed <= Int(seconds) + 2, "\(listed) listings for 300 probes in \(seconds) s")
+
+        // An item put through the CLI, its path taken from `ls --json`: found once the listing is old.
+        #expect(f.cli(["put", "probe", "real"], stdin: "v").status == 0)
+        let id = try #require(f.cli(["ls", "--json"]).stdoutText.split(separator: "\n").compactMap { line -> String? in
+            guard let d = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
+            return d["service"] as? String == "probe" ? d["id"] as? String : nil
+        }.first)
+        usleep(1_100_000)  // Agent.relistAfterMilliseconds, and a margin
+        let found = f.python("""
+            import secretstorage
+            from jeepney import DBusAddress, new_method_call
+            conn = secretstorage.dbus_init()
+            m = new_method_call(DBusAddress("/org/freedesktop/secrets/collection/login/\(id)", "org.freedesktop.secrets",
+                                "org.freedesktop.DBus.Properties"), "Get", "ss", ("org.freedesktop.Secret.Item", "Label"))
+            reply = conn.send_and_get_reply(m)
+            print("error" if reply.header.message_type.name == "error" else "found")
+            """)
+        #expect(found.stdoutText.hasPrefix("found"), "\(found.stdoutText) \(found.stderr)")
+    }
+
     @Test func badInputGetsTheRightErrorAndTheAgentKeepsServing() throws {
         let f = try SecretServiceFixture()
         let r = f.python(Self.script)
