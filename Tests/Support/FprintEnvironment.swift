@@ -81,7 +81,7 @@ public final class FprintEnvironment: @unchecked Sendable {
     public var deviceSocket: String { directory + "/vdev.sock" }
     public var fprintdLogPath: String { directory + "/fprintd.log" }
 
-    private let lock = NSLock()
+    let lock = NSLock()
     private var dbus: SpawnedProcess?
     private var polkit: SpawnedProcess?
     private var fprintdProcess: SpawnedProcess?
@@ -90,7 +90,7 @@ public final class FprintEnvironment: @unchecked Sendable {
     /// Held (shared flock on `owner`) while this environment lives: how `reapAbandoned` of
     /// another test process, in any PID namespace, tells a live environment from an abandoned one.
     private var ownerLock: Int32 = -1
-    private var logCounter = 0
+    var logCounter = 0
     /// user → finger → print id, as enrolled through this environment.
     private var enrolledPrints: [String: [String: String]] = [:]
     /// Prints the storage reader must be given again after a restart (see `restart()`).
@@ -190,28 +190,6 @@ public final class FprintEnvironment: @unchecked Sendable {
             throw error
         }
         return env
-    }
-
-    /// A private bus of type "system" that lets everyone do everything (it only ever carries
-    /// test traffic). No <servicedir>: nothing is bus-activated, only what we start runs.
-    static func busConfig(_ dir: String) -> String {
-        """
-        <!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
-         "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
-        <busconfig>
-          <type>system</type>
-          <keep_umask/>
-          <listen>unix:path=\(dir)/bus.sock</listen>
-          <auth>EXTERNAL</auth>
-          <policy context="default">
-            <allow user="*"/>
-            <allow own="*"/>
-            <allow send_destination="*" eavesdrop="true"/>
-            <allow eavesdrop="true"/>
-          </policy>
-        </busconfig>
-
-        """
     }
 
     /// Restarts fprintd on the same bus and state directory. libfprint models the virtual
@@ -392,55 +370,6 @@ public final class FprintEnvironment: @unchecked Sendable {
         return !state.contains("Z")
     }
 
-    // MARK: processes
-
-    /// Environment for every child: the private bus only, and no pam_wrapper preload leaking in.
-    func childEnvironment() -> [String: String] {
-        var env = Self.baseEnvironment()
-        env["DBUS_SYSTEM_BUS_ADDRESS"] = busAddress
-        return env
-    }
-
-    static func baseEnvironment() -> [String: String] {
-        var env = ProcessInfo.processInfo.environment
-        for k in ["LD_PRELOAD", "PAM_WRAPPER", "PAM_WRAPPER_SERVICE_DIR", "DBUS_SESSION_BUS_ADDRESS",
-                  "DBUS_SYSTEM_BUS_ADDRESS", "FP_VIRTUAL_DEVICE", "FP_VIRTUAL_DEVICE_STORAGE", "STATE_DIRECTORY"] {
-            env.removeValue(forKey: k)
-        }
-        return env
-    }
-
-    private func nextLog(_ name: String) -> String {
-        let n = lock.withLock { () -> Int in logCounter += 1; return logCounter }
-        return "\(directory)/logs/\(n)-\(name).log"
-    }
-
-    private func fpctlLaunch(_ args: [String], name: String) throws -> SpawnedProcess {
-        try Self.launch(Self.systemPython, [Self.fpctl] + args, environment: childEnvironment(), log: nextLog(name))
-    }
-
-    @discardableResult
-    private func fpctlRun(_ args: [String], what: String, timeout: Double = 30) throws -> String {
-        let log = nextLog(args[0])
-        let p = try Self.launch(Self.systemPython, [Self.fpctl] + args, environment: childEnvironment(), log: log)
-        let done = p.waitForExit(timeout: timeout)
-        if !done { p.stop() }
-        let output = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        guard done, p.exitCode == 0 else {
-            throw FprintEnvironmentError.commandFailed(what, status: p.exitCode ?? -1, output: output)
-        }
-        return output
-    }
-
-    static func launch(_ path: String, _ args: [String], environment: [String: String],
-                       log: String) throws -> SpawnedProcess {
-        do {
-            return try SpawnedProcess.spawn(path, args, environment: environment, log: log)
-        } catch {
-            throw FprintEnvironmentError.startFailed(path, log: "\(error)")
-        }
-    }
-
     // MARK: crash safety net
 
     /// What the death of the owning process does to its lock (the reaper's test uses it).
@@ -449,86 +378,6 @@ public final class FprintEnvironment: @unchecked Sendable {
             if ownerLock >= 0 { close(ownerLock) }
             ownerLock = -1
         }
-    }
-
-    /// `owner` (the creating pid, for people reading /tmp), under a shared flock the owner holds
-    /// until stop() or its death. Created under another name and renamed once locked, so a
-    /// reaper never sees it unlocked while its owner lives. The fd, or -1.
-    static func lockedOwnerFile(_ dir: String) -> Int32 {
-        let fd = open(dir + "/owner.new", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return -1 }
-        let line = Array("\(getpid())\n".utf8)
-        guard flock(fd, LOCK_SH) == 0, write(fd, line, line.count) == line.count,
-              rename(dir + "/owner.new", dir + "/owner") == 0 else {
-            close(fd)
-            return -1
-        }
-        return fd
-    }
-
-    /// A test process that crashes never runs stop(), and its daemons would outlive it. So
-    /// each start() first reaps environments whose owner process is gone (nobody holds the
-    /// lock on its `owner` file; a pid would not do, as runs in other PID namespaces share
-    /// /tmp and their pids mean nothing here): it SIGKILLs only
-    /// pids recorded in that environment's `daemons` file whose command line or environment
-    /// still names that directory (a recycled pid does not), then removes the directory.
-    /// Environments of live test processes (another suite, another run) are left alone, and so
-    /// are those made in another PID namespace (a suite run under `unshare --pid` beside this
-    /// one): their daemons can be neither seen nor killed from here, so removing the directory
-    /// would only leave them running.
-    public static func reapAbandoned() {
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/tmp") else { return }
-        let mine = pidNamespace()
-        for name in names where name.hasPrefix("khfp-") && name.utf8.count == 11 {
-            let dir = "/tmp/" + name
-            if let theirs = try? String(contentsOfFile: dir + "/pidns", encoding: .utf8), theirs != mine { continue }
-            let owner = open(dir + "/owner", O_RDONLY | O_CLOEXEC)
-            guard owner >= 0 else { continue }
-            let abandoned = flock(owner, LOCK_EX | LOCK_NB) == 0
-            close(owner)
-            guard abandoned else { continue }
-            let recorded = (try? String(contentsOfFile: dir + "/daemons", encoding: .utf8)) ?? ""
-            var killed: [Int32] = []
-            for line in recorded.split(separator: "\n") {
-                if let pid = Int32(line), isAlive(pid), process(pid, mentions: dir), kill(pid, SIGKILL) == 0 {
-                    killed.append(pid)
-                }
-            }
-            let deadline = Date().addingTimeInterval(5)
-            while killed.contains(where: isAlive), Date() < deadline { usleep(5_000) }
-            removeTree(dir)
-        }
-    }
-
-    /// This process's PID namespace, as /proc names it ("pid:[4026531836]").
-    public static func pidNamespace() -> String {
-        (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? "unknown"
-    }
-
-    static func recordDaemon(_ p: SpawnedProcess, in dir: String) {
-        let fd = open(dir + "/daemons", O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { return }
-        defer { close(fd) }
-        let line = Array("\(p.pid)\n".utf8)
-        _ = line.withUnsafeBytes { write(fd, $0.baseAddress!, $0.count) }
-    }
-
-    static func process(_ pid: Int32, mentions dir: String) -> Bool {
-        let needle = Array(dir.utf8)
-        for file in ["cmdline", "environ"] {
-            guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/\(file)") else { continue }
-            let hay = [UInt8](data)
-            if hay.count >= needle.count {
-                for i in 0...(hay.count - needle.count) where hay[i] == needle[0] && Array(hay[i..<(i + needle.count)]) == needle {
-                    return true
-                }
-            }
-        }
-        return false
-    }
-
-    static func removeTree(_ path: String) {
-        try? FileManager.default.removeItem(atPath: path)
     }
 }
 
