@@ -47,10 +47,6 @@ final class GroupCommit: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private var queue: [Member] = []
     private var leading = false
-    /// Members of the last group, for `gatherPause`'s rule.
-    private var lastGroupSize = 0
-    /// How a leader waits for more members (see `gatherFrom`); runs without the mutex.
-    private let gatherPause: @Sendable () -> Void
     /// Members per commit, for the benchmark's and the tests' view of batching.
     private(set) var commits = 0
     private(set) var membersCommitted = 0
@@ -62,19 +58,7 @@ final class GroupCommit: @unchecked Sendable {
         return queue.count
     }
 
-    /// Under load the broker is bound by CPU, and every commit costs its leader a share of its
-    /// own beside its members' work (BEGIN, the WAL's writes, the fsync's kernel work, the
-    /// hand-offs), so fewer and larger groups leave more of the CPU to the members. A leader whose
-    /// last group had at least `gatherFrom` members, and that finds fewer than half as many
-    /// queued, first waits once for more (`gatherMicroseconds`; the timer's slack adds about as
-    /// much). A lone caller's groups are of one, so it never waits. Measured with the benchmark,
-    /// 15 alternated pairs at 64 clients: faster in 11, p99 lower (docs/BENCHMARKS.md).
-    static let gatherFrom = 8
-    static let gatherMicroseconds: UInt32 = 50
-
-    /// `gatherPause`: how a leader waits for more members (tests pass one that adds them).
-    init(gatherPause: @escaping @Sendable () -> Void = { usleep(GroupCommit.gatherMicroseconds) }) {
-        self.gatherPause = gatherPause
+    init() {
         mutex = .allocate(capacity: 1)
         pthread_mutex_init(mutex, nil)
     }
@@ -159,13 +143,7 @@ final class GroupCommit: @unchecked Sendable {
     /// One group; true when this thread is to lead the next one itself.
     private func leadOnce(_ withStore: ((VaultStore) -> Void) -> Void) -> Bool {
         leading = true
-        if lastGroupSize >= Self.gatherFrom && queue.count < lastGroupSize / 2 {
-            pthread_mutex_unlock(mutex)
-            gatherPause()
-            pthread_mutex_lock(mutex)
-        }
         let group = queue
-        lastGroupSize = group.count
         queue.removeAll(keepingCapacity: true)
         pthread_mutex_unlock(mutex)
 

@@ -12,9 +12,8 @@ import KeyholdTestSupport
     final class Harness: @unchecked Sendable {
         let directory = TestPaths.temporaryDirectory("kh-group")
         let store: Mutex<VaultStore>
-        let group: GroupCommit
-        init(gatherPause: (@Sendable () -> Void)? = nil) throws {
-            group = gatherPause.map { GroupCommit(gatherPause: $0) } ?? GroupCommit()
+        let group = GroupCommit()
+        init() throws {
             store = Mutex(try VaultStore.open(stateDirectory: directory + "/state", passwordHashing: .interactive))
         }
         deinit { try? FileManager.default.removeItem(atPath: directory) }
@@ -140,55 +139,6 @@ import KeyholdTestSupport
         try h.sql("DROP TRIGGER commit_fault")
         #expect(Self.burst(h, members: 8, marker: "after").allSatisfy { $0 })
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
-    }
-
-    /// After a group of at least `gatherFrom` members, a leader that finds fewer than half as
-    /// many queued waits once (`gatherPause`) and takes whoever joined meanwhile into the same
-    /// commit; after small groups (a lone caller's) it never waits. The pause here adds a member
-    /// and returns once it is queued, so the test needs no timing.
-    @Test func aLeaderAfterALargeGroupWaitsOnceForMoreMembersAndALoneCallerNever() throws {
-        let pauses = Atomic<Int>(0)
-        let box = Mutex<Harness?>(nil)
-        let h = try Harness(gatherPause: {
-            pauses.add(1, ordering: .relaxed)
-            guard let h = box.withLock({ $0 }) else { return }
-            Thread.detachNewThread { _ = h.run { store in (try? store.append(GroupCommitTests.record("joined"))) != nil } }
-            let deadline = Date().addingTimeInterval(30)
-            while h.group.waiting < 2 && Date() < deadline { usleep(1_000) }
-        })
-        box.withLock { $0 = h }
-        // A group of 10 (queued behind a held leader).
-        let first = h.holdLeader()
-        let acks = Mutex([Bool]())
-        let all = DispatchSemaphore(value: 0)
-        Thread.detachNewThread {
-            let r = Self.burst(h, members: 10, marker: "large")
-            acks.withLock { $0 = r }
-            all.signal()
-        }
-        let deadline = Date().addingTimeInterval(30)
-        while h.group.waiting < 10 && Date() < deadline { usleep(5_000) }
-        #expect(h.group.waiting == 10)
-        first.proceed()
-        #expect(first.finished())
-        all.wait()
-        #expect(acks.withLock { $0 }.allSatisfy { $0 })
-        #expect(pauses.load(ordering: .relaxed) == 0, "no group before had 8 members")
-        let (commits, members) = (h.group.commits, h.group.membersCommitted)
-
-        // One caller now: its leader waits once, and the member that joined meanwhile shares its commit.
-        #expect(h.run { store in (try? store.append(Self.record("alone"))) != nil })
-        #expect(pauses.load(ordering: .relaxed) == 1)
-        #expect(h.group.commits == commits + 1 && h.group.membersCommitted == members + 2,
-                "\(h.group.commits - commits) commits for \(h.group.membersCommitted - members) members")
-        #expect(try h.entries(reason: "joined") == 1)
-
-        // After that group of two, lone callers never wait.
-        box.withLock { $0 = nil }
-        for i in 0..<5 { #expect(h.run { store in (try? store.append(Self.record("lone-\(i)"))) != nil }) }
-        #expect(pauses.load(ordering: .relaxed) == 1)
-        #expect(h.group.commits == commits + 6)
-        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 18))
     }
 
     /// Members wait on a word of their own (finished, or told to lead) instead of the group's
