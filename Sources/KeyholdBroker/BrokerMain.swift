@@ -119,7 +119,7 @@ public enum BrokerMain {
         // Requests hop between threads (EventLoop's workers, its hand-offs, group leaders), and
         // glibc gives each thread an arena of its own that keeps what was freed in it: the
         // resident size grew with every thread that ever wrote (53 MiB at 40,000 items against
-        // 30 MiB with two arenas, docs/BENCHMARKS.md). One arena per core.
+        // 30 MiB with two arenas, docs/BENCHMARKS.md). Two, as measured on the 2-core machine.
         ckh_limit_malloc_arenas(2)
         signal(SIGPIPE, SIG_IGN)
         // A write past RLIMIT_FSIZE must fail the transaction (→ audit unavailable), not kill us.

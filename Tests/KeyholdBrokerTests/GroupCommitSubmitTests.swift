@@ -98,11 +98,7 @@ import KeyholdTestSupport
         _ = first.finished()
         for _ in 0..<47 { try #require(answered.wait(timeout: .now() + 30) == .success) }
         #expect(answers.withLock { $0 }.allSatisfy { $0 == false }, "a member of the failed group was acknowledged")
-        let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
-        #expect(onDisk == ["first"])
-        try h.sql("DROP TRIGGER commit_fault")
-        #expect(GroupCommitTests.burst(h, members: 8, marker: "after").allSatisfy { $0 })
-        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
+        try h.expectOnlyTheHeldEntryThenRecovery()
     }
 
     /// With a place to hand the lead to (the broker's event loop), a leader that leaves only

@@ -55,6 +55,16 @@ import KeyholdTestSupport
             inside.wait()
             return ({ proceed.signal() }, { done.wait(); return ok.withLock { $0 } })
         }
+        /// After a group failed at COMMIT behind `holdLeader`'s member: only that member's entry
+        /// ("first") is stored, and once the fault is dropped the next group of 8 commits and the
+        /// chain verifies (9 entries).
+        func expectOnlyTheHeldEntryThenRecovery(sourceLocation: SourceLocation = #_sourceLocation) throws {
+            let onDisk = try store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
+            #expect(onDisk == ["first"], sourceLocation: sourceLocation)
+            try sql("DROP TRIGGER commit_fault")
+            #expect(GroupCommitTests.burst(self, members: 8, marker: "after").allSatisfy { $0 }, sourceLocation: sourceLocation)
+            #expect(try store.withLock { try $0.verifyAudit() } == .intact(count: 9), sourceLocation: sourceLocation)
+        }
         func entries(reason marker: String) throws -> Int {
             try store.withLock { s in try s.auditEntries(visibleTo: nil).filter { $0.reason?.hasPrefix(marker) == true }.count }
         }
@@ -133,12 +143,8 @@ import KeyholdTestSupport
         all.wait()
         #expect(firstAcknowledged)
         #expect(acks.withLock { $0 }.allSatisfy { !$0 }, "a member of the failed group was acknowledged")
-        let onDisk = try h.store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
-        #expect(onDisk == ["first"])
-        // The group after the failed one commits normally.
-        try h.sql("DROP TRIGGER commit_fault")
-        #expect(Self.burst(h, members: 8, marker: "after").allSatisfy { $0 })
-        #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 9))
+        // Nothing of the failed group is stored; the group after it commits normally.
+        try h.expectOnlyTheHeldEntryThenRecovery()
     }
 
     /// Members wait on a word of their own (finished, or told to lead) instead of the group's

@@ -91,7 +91,7 @@ int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char header[4]);
 /* Sends without waiting: the bytes taken, or -errno. */
 long ckh_send_nowait(int fd, const void *buf, unsigned long len);
 
-/* glibc malloc: at most `arenas` arenas for the process (the broker: one per core). */
+/* glibc malloc: at most `arenas` arenas for the process (the broker asks for two). */
 void ckh_limit_malloc_arenas(int arenas);
 
 #endif
