@@ -6,3 +6,38 @@ static inline sqlite3_destructor_type csqlite_transient(void) { return SQLITE_TR
  * readers then contend for (futex calls on each bind, step and reset). Keyhold reads none of
  * them (no soft heap limit). Must run before SQLite initialises; returns SQLITE_MISUSE after. */
 static inline int csqlite_memstatus_off(void) { return sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 0); }
+
+/* A version of one table's rows as one connection changes them (Database.watchRows): made odd
+ * by the first change of a row of that table (the update hook, which runs before the change can
+ * commit) and even again by csqlite_rows_settled, which the connection's owner calls whenever the
+ * connection is outside a transaction. So it is never even while such a change is uncommitted,
+ * and every change that commits moves it. Other threads read it with csqlite_rows_version. The
+ * hook is not called for rows removed by the truncate optimisation or by REPLACE: the watched
+ * table must be changed by plain INSERT, UPDATE and DELETE … WHERE only. */
+#include <stdint.h>
+#include <string.h>
+typedef struct csqlite_row_watch {
+    uint64_t version;
+    char table[64];
+} csqlite_row_watch;
+
+static void csqlite_row_watch_hook(void *context, int op, const char *db, const char *table, sqlite3_int64 rowid) {
+    (void)op; (void)rowid;
+    csqlite_row_watch *watch = context;
+    if (strcmp(db, "main") != 0 || strcmp(table, watch->table) != 0) return;
+    uint64_t now = __atomic_load_n(&watch->version, __ATOMIC_RELAXED);
+    if ((now & 1) == 0) __atomic_store_n(&watch->version, now + 1, __ATOMIC_SEQ_CST);
+}
+
+static inline void csqlite_watch_rows(sqlite3 *db, csqlite_row_watch *watch) {
+    sqlite3_update_hook(db, csqlite_row_watch_hook, watch);
+}
+
+static inline void csqlite_rows_settled(csqlite_row_watch *watch) {
+    uint64_t now = __atomic_load_n(&watch->version, __ATOMIC_RELAXED);
+    if (now & 1) __atomic_store_n(&watch->version, now + 1, __ATOMIC_SEQ_CST);
+}
+
+static inline uint64_t csqlite_rows_version(const csqlite_row_watch *watch) {
+    return __atomic_load_n(&watch->version, __ATOMIC_SEQ_CST);
+}

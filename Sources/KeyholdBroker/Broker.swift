@@ -26,6 +26,9 @@ public final class Broker: Sendable {
     private let store: BlockingMutex<VaultStore>
     /// Lookups for `get` and `rotate` (ReaderPool.swift); closed before the store.
     let readers: ReaderPool
+    /// Rows the event loop's workers looked up, kept while the writer changes no item
+    /// (ReleaseRowCache.swift).
+    let releaseRows: ReleaseRowCache
     /// The reads a caller can make long (`LongReads`: pages of `list`, `search` and `audit`, and
     /// `audit verify`), on a reader of their own: they hold neither the store nor the lookups'
     /// readers. Closed before the store.
@@ -62,6 +65,7 @@ public final class Broker: Sendable {
         }
         self.verifyReaders = AuditVerifyReaders(store.readerSeed)
         self.secretOpener = store.secretOpener
+        self.releaseRows = ReleaseRowCache(version: store.itemRowsVersion)
         self.store = BlockingMutex(store)
         self.gate = gate
         self.syslog = syslog

@@ -132,7 +132,7 @@ struct Session {
         let found: ReleaseRow?
         if request.operation == .get, request.claimedPID == nil, let ref = request.item,
            !senderUIDs.contains(where: { $0 != caller.uid }), broker.rollbackAnswer() == nil,
-           case .success(let row?) = releaseLookup(ref) {
+           case .success(let row?) = broker.releaseRows.row(owner: caller.uid, ref, read: { releaseLookup(ref) }) {
             (policy, found) = (row.item.access.policy, row)
         } else {
             (policy, found) = (nil, nil)

@@ -48,6 +48,75 @@ import Testing
         #expect(throws: DatabaseError.self) { try db.execute("SELECT 1") }
     }
 
+    /// The version of a watched table's rows (the broker keeps looked-up rows while it has not
+    /// moved): odd from the first change of a row until its transaction ends, even and moved
+    /// once it committed or rolled back, also for a change made outside a transaction; other
+    /// tables do not move it. A release's audit entry (the store's append) leaves the items'
+    /// version where it was; putting, replacing and deleting an item move it.
+    @Test func watchedRowsVersionMovesWithEveryChangeAndIsOddWhileOneIsUncommitted() throws {
+        let dir = TempDir()
+        let db = try Database(path: dir.path + "/t.db", create: true)
+        try db.execute("CREATE TABLE items (k INTEGER PRIMARY KEY, v TEXT); CREATE TABLE other (k INTEGER PRIMARY KEY)")
+        let version = try db.watchRows(of: "items")
+        let start = version.current
+        #expect(start % 2 == 0)
+
+        try db.transaction { () throws(DatabaseError) in
+            try db.execute("INSERT INTO other VALUES (1)")
+            #expect(version.current == start)  // another table
+            try db.execute("INSERT INTO items VALUES (1, 'a')")
+            #expect(version.current % 2 == 1)  // uncommitted
+            try db.execute("UPDATE items SET v = 'b' WHERE k = 1")
+            #expect(version.current % 2 == 1)
+        }
+        let committed = version.current
+        #expect(committed % 2 == 0 && committed > start)
+
+        struct Undone: Error {}
+        #expect(throws: Undone.self) {
+            try db.transaction(mapError: { $0 as Error }) { () throws(any Error) in
+                try db.execute("DELETE FROM items WHERE k = 1")
+                #expect(version.current % 2 == 1)
+                throw Undone()
+            }
+        }
+        let rolledBack = version.current
+        #expect(rolledBack % 2 == 0 && rolledBack > committed)
+
+        try db.execute("INSERT INTO items VALUES (2, 'c')")  // outside a transaction: its own commit
+        let autocommitted = version.current
+        #expect(autocommitted % 2 == 0 && autocommitted > rolledBack)
+        try db.withStatement("DELETE FROM items WHERE k = ?1") { (s) throws(DatabaseError) in
+            try s.bind(1, Int64(2))
+            _ = try s.step()
+        }
+        #expect(version.current % 2 == 0 && version.current > autocommitted)
+
+        let unchanged = version.current
+        try db.execute("INSERT INTO other VALUES (2)")
+        try db.execute("SELECT * FROM items")
+        #expect(version.current == unchanged)
+
+        // Through the store: a release's entry does not move it, item changes do.
+        let store = try VaultStore.open(stateDirectory: dir.path + "/state", passwordHashing: .interactive)
+        let items = try #require(store.itemRowsVersion)
+        let record = { (op: AuditOperation) in
+            AuditRecord(callerUID: 1000, callerPID: 1, executable: "/t", operation: op, service: "s", account: "a",
+                        decision: .granted, method: .none, reason: nil, outcome: .ok)
+        }
+        var seen = items.current
+        let item = try store.add(owner: 1000, NewItem(service: "s", account: "a"), secret: SecureBytes(copying: [1]), audit: record(.put))
+        #expect(items.current != seen && items.current % 2 == 0)
+        seen = items.current
+        try store.append(record(.get))
+        #expect(items.current == seen)
+        let replaced = try store.replace(item, with: NewItem(service: "s", account: "a"), secret: SecureBytes(copying: [2]), audit: record(.update))
+        #expect(items.current != seen && items.current % 2 == 0)
+        seen = items.current
+        try store.delete(replaced, audit: record(.delete))
+        #expect(items.current != seen && items.current % 2 == 0)
+    }
+
     @Test func storeConnectionPragmas() throws {
         let dir = TempDir()
         let store = try openStore(dir)

@@ -39,6 +39,8 @@ let sqliteLibraryConfigured: Void = { _ = csqlite_memstatus_off() }()
 public final class Database {
     private var handle: OpaquePointer?
     private var cache: [String: Statement] = [:]
+    /// The table whose row changes this connection counts (`watchRows`), if any.
+    private var rowWatch: RowsVersion?
 
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
     /// umask). Symlinks are refused.
@@ -86,7 +88,25 @@ public final class Database {
     public func execute(_ sql: String) throws(DatabaseError) {
         let h = try db
         let rc = sqlite3_exec(h, sql, nil, nil, nil)
+        settleRows()
         guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
+    }
+
+    /// From now on, counts the changes this connection makes to the rows of `table` (one table
+    /// per connection): the version it returns moves with every change that commits here, and
+    /// is odd while one is uncommitted (csqlite_watch_rows). Changes made by other connections
+    /// are not counted.
+    public func watchRows(of table: String) throws(DatabaseError) -> RowsVersion {
+        let h = try db
+        let watch = RowsVersion(table: table)
+        rowWatch = watch
+        csqlite_watch_rows(h, watch.watch)
+        return watch
+    }
+
+    /// Makes the watched version even once no transaction is open (after every statement).
+    private func settleRows() {
+        if let rowWatch, let handle, sqlite3_get_autocommit(handle) != 0 { csqlite_rows_settled(rowWatch.watch) }
     }
 
     /// One transaction-control statement (BEGIN, COMMIT, SAVEPOINT …), prepared once and kept:
@@ -107,7 +127,10 @@ public final class Database {
                                            _ body: (Statement) throws(E) -> R) throws(E) -> R {
         let statement: Statement
         do { statement = try prepared(sql) } catch { throw mapError(error) }
-        defer { statement.reset() }
+        defer {
+            statement.reset()
+            settleRows()
+        }
         return try body(statement)
     }
 
@@ -211,6 +234,28 @@ public final class Database {
 
     /// Rows changed by the last INSERT/UPDATE/DELETE.
     public var changes: Int { handle.map { Int(sqlite3_changes($0)) } ?? 0 }
+}
+
+/// The version of one table's rows as the connection that watches them changes them
+/// (`Database.watchRows`); read from any thread. Outlives the connection's hook: the connection
+/// keeps it, and SQLite drops the hook when the connection closes.
+public final class RowsVersion: @unchecked Sendable {
+    let watch: UnsafeMutablePointer<csqlite_row_watch>
+
+    init(table: String) {
+        watch = .allocate(capacity: 1)
+        watch.initialize(to: csqlite_row_watch())
+        withUnsafeMutableBytes(of: &watch.pointee.table) { buffer in
+            let name = Array(table.utf8.prefix(buffer.count - 1))
+            buffer.copyBytes(from: name)
+        }
+    }
+
+    deinit { watch.deallocate() }
+
+    /// Even: no change to the rows is uncommitted. Any committed change since an earlier reading
+    /// makes it differ from that reading.
+    public var current: UInt64 { csqlite_rows_version(watch) }
 }
 
 /// A prepared statement. Indexes are 1-based for binds (as in SQLite), 0-based for columns.

@@ -282,14 +282,18 @@ extension VaultStore {
 
     /// The row of item `id` with its sealed key and secret, as stored; nil when there is none.
     func sealedRow(id: ItemID) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
-        try sealedRow(where: "id", is: id.bytes)
+        try sealedRow(Self.sealedRowByID, is: id.bytes)
     }
 
-    /// The one row whose `column` (`id` or `lookup`, both unique) is `key`, with its sealed key
-    /// and secret, as stored; nil when there is none.
-    func sealedRow(where column: StaticString, is key: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
+    /// The statements of `sealedRow`, built once (the statement cache is keyed by their text).
+    static let sealedRowByID = "SELECT \(itemColumns), wrapped_key, secret FROM items WHERE id = ?1"
+    static let sealedRowByLookup = "SELECT \(itemColumns), wrapped_key, secret FROM items WHERE lookup = ?1"
+
+    /// The one row that `query` (`sealedRowByID` or `sealedRowByLookup`: a unique column) finds
+    /// for `key`, with its sealed key and secret, as stored; nil when there is none.
+    func sealedRow(_ query: String, is key: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
         do {
-            return try db.withStatement("SELECT \(Self.itemColumns), wrapped_key, secret FROM items WHERE \(column) = ?1") { (s) throws(DatabaseError) in
+            return try db.withStatement(query) { (s) throws(DatabaseError) in
                 try s.bind(1, blob: key)
                 return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
             }

@@ -12,6 +12,10 @@ public struct ReleaseRow: Sendable {
     let row: VaultStore.ItemRow
     let wrappedKey: [UInt8]
     let sealedSecret: [UInt8]
+
+    /// The bytes of its sealed boxes (the wrapped key and the sealed secret), for a bound on
+    /// how many rows are kept in memory.
+    public var sealedByteCount: Int { wrappedKey.count + sealedSecret.count }
 }
 
 /// Opens a `ReleaseRow`'s secret with the vault key and nothing else: no database access, so
@@ -35,7 +39,7 @@ extension VaultStore {
     public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
         guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
         let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        guard let (row, wrappedKey, sealedSecret) = try sealedRow(where: "lookup", is: lookup.bytes) else { return nil }
+        guard let (row, wrappedKey, sealedSecret) = try sealedRow(Self.sealedRowByLookup, is: lookup.bytes) else { return nil }
         let item = try decode(row, generations: try verifiedGenerations())
         guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
         return ReleaseRow(item: item, row: row, wrappedKey: wrappedKey, sealedSecret: sealedSecret)

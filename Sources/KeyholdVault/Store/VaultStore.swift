@@ -36,6 +36,9 @@ public final class VaultStore {
     /// value once. Bounded; only values that parsed are kept.
     var policyCache: [String: Policy] = [:]
     var executablesCache: [[UInt8]: [String]] = [:]
+    /// The writer's: moves with every change to a row of `items` it commits (`RowsVersion`), so
+    /// a row read earlier is known to be current while it has not moved. nil for a reader.
+    public private(set) var itemRowsVersion: RowsVersion?
 
     /// The schema version this code writes (the last `-- migrate:N` of schema.sql).
     public static var schemaVersion: Int64 { Schema.knownVersion }
@@ -139,6 +142,7 @@ public final class VaultStore {
         try store.backfillSearchIndex()
         // None when they cannot be named: then no reader opens, and the broker looks up on the writer.
         store.fileIdentities = (try? StateDirectory.openedFiles(db, at: dbPath, opened: fileIdentity)) ?? []
+        do { store.itemRowsVersion = try db.watchRows(of: "items") } catch { throw .from(error) }
         return store
     }
 
