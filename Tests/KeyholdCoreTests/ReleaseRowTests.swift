@@ -104,6 +104,36 @@ import KeyholdTestSupport
         }
     }
 
+    /// The confirmation compares every column of the row and both boxes: changing any one of
+    /// them after the reader read the row (to a value of the same type, or the same value as
+    /// another type where that reads differently) means what was opened is not given out: the
+    /// writer opens the current row itself (and here refuses it) or finds none.
+    @Test func everyColumnOfTheRowIsConfirmed() throws {
+        let alterations = [
+            "id = randomblob(16)", "owner_uid = owner_uid + 1", "lookup = randomblob(32)", "kind = kind + 1",
+            "policy = policy || ' '", "allowed_executables = allowed_executables || x'00'", "reuse_seconds = reuse_seconds + 1",
+            "biometry_state = randomblob(32)", "pwhash_params = x'00'", "attributes = attributes || x'00'",
+            "created_us = created_us + 1", "updated_us = updated_us + 1", "generation = generation + 1", "expires_us = 1",
+            "wrapped_key = wrapped_key || x'00'", "secret = secret || x'00'", "policy = CAST(policy AS BLOB) || x'ff'",
+        ]
+        for alteration in alterations {
+            let v = try Vault()
+            _ = try v.add("tok-1")
+            let (row, opened) = try v.decided()
+            try v.sql("UPDATE items SET \(alteration)")
+            if let released = try? v.store.openConfirmed(row, opened: opened, appPassword: nil) {
+                #expect(released.secret !== opened, "\(alteration): the opened secret was given out")
+            }
+            #expect(Self.isWiped(opened), "\(alteration)")
+        }
+        // Unchanged, the same row is confirmed (the opened secret is what is released).
+        let v = try Vault()
+        _ = try v.add("tok-1")
+        let (row, opened) = try v.decided()
+        try v.sql("UPDATE items SET policy = policy")
+        #expect(try v.store.openConfirmed(row, opened: opened, appPassword: nil).secret === opened)
+    }
+
     /// An application-password item: the opener needs the right key (wrong: *wrong application
     /// password*, none: *required*), as the writer does; what it opened with the right key is
     /// what the writer releases.
