@@ -159,6 +159,7 @@ extension VaultStore {
                 try s.bind(13, blob: mac)
                 try s.step()
             }
+            newestWritten = db.writeSnapshot.map { ($0, seq, mac) }
             // An item change tags its generation digest with its own entry at once.
             if !deferred || generationDigest != nil { try writeHead(seq: seq, mac: mac, generationDigest: generationDigest) }
         } catch {
@@ -290,6 +291,7 @@ extension VaultStore {
                 // The entries it removes may include the newest, which a deferred head names.
                 try flushDeferredHead()
                 guard let row = try auditRow(seq: throughSeq) else { throw DatabaseError(code: 12 /* SQLITE_NOTFOUND */) }
+                newestWritten = nil
                 removed = try db.withStatement("DELETE FROM audit WHERE seq <= ?1") { (s) throws(DatabaseError) -> Int64 in
                     try s.bind(1, throughSeq)
                     try s.step()

@@ -41,6 +41,22 @@ public final class Database {
     private var cache: [String: Statement] = [:]
     /// The table whose row changes this connection counts (`watchRows`), if any.
     private var rowWatch: RowsVersion?
+    /// Moves whenever a write transaction begins or ends and whenever anything may have undone
+    /// writes (a rollback, a rollback to a savepoint, a statement that failed): `writeSnapshot`.
+    private var stateSerial: UInt64 = 0
+    private var inWriteTransaction = false
+
+    /// Inside a write transaction: a value that stays the same exactly while nothing this
+    /// connection wrote since it was taken has been undone, and no other connection can have
+    /// committed (the write lock is held). nil outside one. What was read and checked under one
+    /// value is still what the database holds while it is unchanged, apart from this
+    /// connection's own later writes.
+    public var writeSnapshot: UInt64? { inWriteTransaction && isInTransaction ? stateSerial : nil }
+
+    private func beganWriteTransaction() {
+        inWriteTransaction = true
+        stateSerial &+= 1
+    }
 
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
     /// umask). Symlinks are refused.
@@ -89,6 +105,8 @@ public final class Database {
         let h = try db
         let rc = sqlite3_exec(h, sql, nil, nil, nil)
         settleRows()
+        stateSerial &+= 1  // whatever it ran
+        if sqlite3_get_autocommit(h) != 0 { inWriteTransaction = false }
         guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
     }
 
@@ -130,8 +148,15 @@ public final class Database {
         defer {
             statement.reset()
             settleRows()
+            if inWriteTransaction, let handle, sqlite3_get_autocommit(handle) != 0 {
+                inWriteTransaction = false
+                stateSerial &+= 1
+            }
         }
-        return try body(statement)
+        do { return try body(statement) } catch {
+            stateSerial &+= 1  // a failed statement may have undone its own writes, or more
+            throw error
+        }
     }
 
     public func withStatement<R>(_ sql: String, _ body: (Statement) throws(DatabaseError) -> R) throws(DatabaseError) -> R {
@@ -158,6 +183,7 @@ public final class Database {
                                          _ body: () throws(E) -> R) throws(E) -> R {
         if isInTransaction { return try savepoint(mapError: mapError, body) }
         do { try control("BEGIN IMMEDIATE") } catch { throw mapError(error) }
+        beganWriteTransaction()
         let result: R
         do {
             result = try body()
@@ -203,6 +229,7 @@ public final class Database {
         } catch {
             try? control("ROLLBACK TO nested")
             try? control("RELEASE nested")
+            stateSerial &+= 1
             throw error
         }
         do { try control("RELEASE nested") } catch { throw mapError(error) }
@@ -215,6 +242,7 @@ public final class Database {
     /// rolled back.
     public func groupTransaction(_ body: () -> Bool) -> Bool {
         do { try control("BEGIN IMMEDIATE") } catch { return false }
+        beganWriteTransaction()
         guard body() else {
             try? control("ROLLBACK")
             return false
@@ -290,12 +318,14 @@ public final class Statement {
     }
 
     public func bind(_ index: Int32, text: String) throws(DatabaseError) {
-        // Length-explicit, so text with an embedded NUL is stored whole, not cut short.
-        let utf8 = Array(text.utf8)
-        let rc = utf8.withUnsafeBytes { raw in
+        // Length-explicit, so text with an embedded NUL is stored whole, not cut short. SQLite
+        // copies it (transient), so the string's own bytes are bound where it has them.
+        func bind(_ raw: UnsafeRawBufferPointer) -> Int32 {
             raw.count == 0 ? sqlite3_bind_text(stmt, index, "", 0, transient)
                 : sqlite3_bind_text(stmt, index, raw.baseAddress!.assumingMemoryBound(to: CChar.self), Int32(raw.count), transient)
         }
+        let rc = text.utf8.withContiguousStorageIfAvailable { bind(UnsafeRawBufferPointer($0)) }
+            ?? Array(text.utf8).withUnsafeBytes { bind($0) }
         try check(rc)
     }
 

@@ -58,9 +58,13 @@ extension VaultStore {
         }
     }
 
-    /// The newest stored entry's seq and MAC (the chain's end inside a deferring group).
+    /// The newest stored entry's seq and MAC (the chain's end inside a deferring group). Within
+    /// one write transaction the entry this connection appended last is the newest as long as
+    /// nothing was undone since (`Database.writeSnapshot`; the only other statement that changes
+    /// `audit`, a prune's DELETE, forgets it first), so a group's later members do not read it.
     func newestEntry() throws(DatabaseError) -> (seq: Int64, mac: [UInt8])? {
-        try db.withStatement("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1") { (s) throws(DatabaseError) in
+        if let kept = newestWritten, let now = db.writeSnapshot, kept.snapshot == now { return (kept.seq, kept.mac) }
+        return try db.withStatement("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.int64(0), s.blob(1)) : nil
         }
     }

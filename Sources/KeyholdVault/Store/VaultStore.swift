@@ -21,6 +21,9 @@ public final class VaultStore {
     /// Whether plain audit entries leave the head row to the end of the group commit they are in
     /// (VaultStore+Group.swift).
     var headDeferral: HeadDeferral = .off
+    /// The entry this connection appended last, with the `Database.writeSnapshot` it was written
+    /// under: the newest entry while that value holds (VaultStore+Group.swift, `newestEntry`).
+    var newestWritten: (snapshot: UInt64, seq: Int64, mac: [UInt8])?
     /// The writer's record as of its last change, shared with its readers (the writer's own).
     let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
