@@ -69,6 +69,43 @@ import KeyholdTestSupport
         #expect(Self.workerRow(h)?.item.generation == nil)
     }
 
+    /// Rows are kept per owner: another user asking for the same names finds nothing of the
+    /// owner's, before or after the owner's row is kept.
+    @Test func anotherUsersLookupOfTheSameNamesNeverGetsAKeptRow() throws {
+        let h = try Harness()
+        _ = try #require(h.add("owner-only"))
+        let other = Caller(uid: ReleaseGateTests.uid + 1, pid: getpid(), executable: "/t", sessionID: 77, startTime: 4242,
+                           userName: "other", tty: nil, remoteHost: nil)
+        let ask = ClientMessage.request(Request(.get, item: Harness.ref))
+        #expect(Session(fd: -1, caller: other, broker: h.broker).forWorker(ask.encode(), senderUIDs: []) == nil)
+        #expect(Self.workerRow(h)?.item.owner == ReleaseGateTests.uid)  // kept now
+        #expect(Session(fd: -1, caller: other, broker: h.broker).forWorker(ask.encode(), senderUIDs: []) == nil)
+    }
+
+    /// However many rows are looked up, at most `maxRows` are kept, and never more than
+    /// `maxBytes` of sealed boxes (rows of 64 KiB secrets here).
+    @Test func whatIsKeptStaysWithinItsBounds() throws {
+        let h = try Harness()
+        _ = try #require(h.add("small"))
+        let small = try #require(Self.workerRow(h))
+        let cache = ReleaseRowCache(version: h.broker.withStore { $0.itemRowsVersion })
+        for i in 0..<(ReleaseRowCache.maxRows + 100) {
+            _ = cache.row(owner: ReleaseGateTests.uid, ItemReference(service: "svc-\(i)", account: "a")) { .success(small) }
+            #expect(cache.count <= ReleaseRowCache.maxRows)
+        }
+        let big: StoredItem? = h.broker.withStore { store in
+            try? store.add(owner: ReleaseGateTests.uid, NewItem(service: "big", account: "acct"),
+                           secret: SecureBytes(count: Limits.maxSecretBytes), audit: Harness.record(.put))
+        }
+        #expect(big != nil)
+        let bigRow = try #require(try h.broker.readReleaseRow(owner: ReleaseGateTests.uid, ItemReference(service: "big", account: "acct"))?.get())
+        let cap = ReleaseRowCache.maxBytes / bigRow.sealedByteCount
+        for i in 0..<(cap + 20) {
+            _ = cache.row(owner: ReleaseGateTests.uid, ItemReference(service: "big-\(i)", account: "a")) { .success(bigRow) }
+            #expect(cache.count <= cap)
+        }
+    }
+
     /// One thread replaces the item 150 times through the writer; three others look it up as
     /// workers do, as fast as they can, so the cache is filled between every two changes. No
     /// lookup may return a generation older than the last replace that had returned before the
