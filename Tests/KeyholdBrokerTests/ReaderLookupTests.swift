@@ -45,6 +45,14 @@ import KeyholdTestSupport
             }
         }
 
+        /// Replaces `item` through the store lock, as the broker's `put --update` does.
+        func replace(_ item: StoredItem, _ secret: String, policy: String = "none") -> StoredItem? {
+            broker.withStore { store in
+                try? store.replace(item, with: NewItem(service: "svc", account: "acct", access: AccessControl(policy: try! Policy(parsing: policy))),
+                                   secret: SecureBytes(copying: Array(secret.utf8)), audit: Self.record(.update))
+            }
+        }
+
         /// SQL on a connection of the test's own (someone who can write vault.db).
         func sql(_ text: String) throws {
             let db = try Database(path: dbPath)
@@ -129,25 +137,19 @@ import KeyholdTestSupport
             defer { decided.1.wipe() }
             return h.session().release(decided.0.item, request, method: decided.1.method, appPassword: nil, decided: decided.0)
         }
-        func replace(_ item: StoredItem, _ value: String, policy: String) -> StoredItem? {
-            h.broker.withStore { store in
-                try? store.replace(item, with: NewItem(service: "svc", account: "acct", access: AccessControl(policy: try! Policy(parsing: policy))),
-                                   secret: SecureBytes(copying: Array(value.utf8)), audit: Harness.record(.update))
-            }
-        }
 
         let unchanged = try decide()
         guard case .success(let got) = release(unchanged) else { Issue.record("an unchanged row was not released"); return }
         expectSecret(got.secret.withUnsafeBytes { Array($0) }, equals: Array("s1".utf8))
 
         let beforeReplace = try decide()
-        let second = try #require(replace(first, "s2", policy: "none"))
+        let second = try #require(h.replace(first, "s2"))
         guard case .success(let current) = release(beforeReplace) else { Issue.record("the replaced row was not released"); return }
         expectSecret(current.secret.withUnsafeBytes { Array($0) }, equals: Array("s2".utf8))
         #expect(current.current.generation == second.generation)
 
         let beforeTightening = try decide()
-        _ = try #require(replace(second, "s3", policy: "device-passcode"))
+        _ = try #require(h.replace(second, "s3", policy: "device-passcode"))
         guard case .failure(let refused) = release(beforeTightening) else { Issue.record("a secret was released after the policy was tightened"); return }
         #expect(refused.outcome == .conflict)
     }
@@ -208,10 +210,7 @@ import KeyholdTestSupport
         let h = try Harness()
         let first = try #require(h.add("old"))
         try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
-        let replaced: StoredItem? = h.broker.withStore { store in
-            try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
-                               secret: SecureBytes(copying: Array("new".utf8)), audit: Harness.record(.update))
-        }
+        let replaced = h.replace(first, "new")
         #expect(replaced?.generation == 2)
         #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 2)  // the reader's record is cached now
 
@@ -232,10 +231,7 @@ import KeyholdTestSupport
         let h = try Harness()
         let first = try #require(h.add("v1"))
         #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 1)  // cached by the reader
-        let second: StoredItem? = h.broker.withStore { store in
-            try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
-                               secret: SecureBytes(copying: Array("v2".utf8)), audit: Harness.record(.update))
-        }
+        let second = h.replace(first, "v2")
         let kept = try #require(second)
         h.broker.withStore { store in
             _ = store.groupTransaction {

@@ -45,10 +45,7 @@ import KeyholdTestSupport
         #expect(h.broker.releaseRows.count == 1)  // kept
         #expect(Self.workerRow(h)?.item.id == first.id)
 
-        let second: StoredItem? = h.broker.withStore { store in
-            try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
-                               secret: SecureBytes(copying: Array("s2".utf8)), audit: Harness.record(.update))
-        }
+        let second = h.replace(first, "s2")
         #expect(Self.workerRow(h)?.item.generation == second?.generation)
         let secret = try #require(Self.workerRow(h).flatMap { Self.workerGet(h, $0) }?.secret)
         expectSecret(secret.withUnsafeBytes { Array($0) }, equals: Array("s2".utf8))
@@ -61,11 +58,7 @@ import KeyholdTestSupport
         #expect(Self.workerRow(h)?.item.id == third.id)
 
         // Tightened: the worker declines it (a thread asks for the person).
-        _ = h.broker.withStore { store in
-            try? store.replace(third, with: NewItem(service: "svc", account: "acct",
-                                                    access: AccessControl(policy: try! Policy(parsing: "device-passcode"))),
-                               secret: SecureBytes(copying: Array("s4".utf8)), audit: Harness.record(.update))
-        }
+        _ = h.replace(third, "s4", policy: "device-passcode")
         #expect(Self.workerRow(h)?.item.generation == nil)
     }
 
@@ -137,10 +130,7 @@ import KeyholdTestSupport
             }.start()
         }
         for i in 0..<150 {
-            let next: StoredItem? = h.broker.withStore { store in
-                try? store.replace(item, with: NewItem(service: "svc", account: "acct"),
-                                   secret: SecureBytes(copying: Array("v\(i)".utf8)), audit: Harness.record(.update))
-            }
+            let next = h.replace(item, "v\(i)")
             guard let next else { Issue.record("replace \(i) failed"); break }
             item = next
             committed.store(next.generation, ordering: .releasing)
@@ -161,10 +151,7 @@ import KeyholdTestSupport
             let h = try Harness()
             let first = try #require(h.add("old"))
             try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
-            let replaced: StoredItem? = h.broker.withStore { store in
-                try? store.replace(first, with: NewItem(service: "svc", account: "acct"),
-                                   secret: SecureBytes(copying: Array("new".utf8)), audit: Harness.record(.update))
-            }
+            let replaced = h.replace(first, "new")
             let kept = try #require(Self.workerRow(h))
             #expect(kept.item.generation == replaced?.generation)
 
