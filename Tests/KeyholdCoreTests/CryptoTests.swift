@@ -1,5 +1,5 @@
 import KeyholdCore
-import KeyholdVault
+@testable import KeyholdVault
 import KeyholdTestSupport
 import Testing
 
@@ -41,6 +41,32 @@ import Testing
         let b = SealedBox.seal([1], using: key, authenticating: [])
         #expect(a.nonce != b.nonce)
         #expect(a.combined != b.combined)
+    }
+
+    /// The writer's audit nonces come from a pool drawn 64 at a time: across several draws every
+    /// nonce is new, full length and not the zeroes a taken slot is left as; through the store,
+    /// the sealed details of 150 entries committed in one group carry 150 different nonces.
+    @Test func pooledNoncesAreEachUsedOnce() throws {
+        var pool = NoncePool()
+        let taken = (0..<200).map { _ in pool.next().bytes }
+        #expect(Set(taken).count == taken.count)
+        #expect(taken.allSatisfy { $0.count == Nonce.byteCount && $0 != [UInt8](repeating: 0, count: Nonce.byteCount) })
+
+        let dir = TempDir()
+        let store = try openStore(dir)
+        _ = store.groupTransaction {
+            for i in 0..<150 { _ = try? store.memberTransaction { () throws(StoreError) in try store.append(record(.get, reason: "r\(i)")) } }
+        }
+        store.close()
+        let db = try Database(path: dir.state + "/vault.db")
+        defer { db.close() }
+        let nonces: [[UInt8]] = try db.withStatement("SELECT details FROM audit WHERE details IS NOT NULL") { (s) throws(DatabaseError) in
+            var out: [[UInt8]] = []
+            while try s.step() { out.append(Array(s.blob(0).prefix(Nonce.byteCount))) }
+            return out
+        }
+        #expect(nonces.count == 150)
+        #expect(Set(nonces).count == nonces.count)
     }
 
     @Test func blindIndexIsStableKeyedAndCanonical() {

@@ -132,7 +132,9 @@ extension VaultStore {
                 e.append(optional: r.service)
                 e.append(optional: r.account)
                 e.append(optional: r.reason)
-                details = SealedBox.seal(e.bytes, using: attributeKey, authenticating: Self.detailsAD(seq: seq)).combined
+                details = e.bytes.withUnsafeBytes {
+                    SealedBox.seal($0, using: attributeKey, authenticating: Self.detailsAD(seq: seq), nonce: auditNonces.next())
+                }.combined
             }
             let fields = AuditFields(time: r.time, uid: Int64(r.callerUID), pid: Int64(r.callerPID),
                                      executable: Array(r.executable.utf8), operation: Array(r.operation.rawValue.utf8),

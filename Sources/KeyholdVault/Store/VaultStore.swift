@@ -24,6 +24,8 @@ public final class VaultStore {
     /// The entry this connection appended last, with the `Database.writeSnapshot` it was written
     /// under: the newest entry while that value holds (VaultStore+Group.swift, `newestEntry`).
     var newestWritten: (snapshot: UInt64, seq: Int64, mac: [UInt8])?
+    /// The nonces of audit entries' sealed details (`NoncePool`).
+    var auditNonces = NoncePool()
     /// The writer's record as of its last change, shared with its readers (the writer's own).
     let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
