@@ -42,8 +42,7 @@ public final class PromptInteraction: Interaction {
         let text = Output.promptText(prompt)
         if let askpass { return Askpass.ask(askpass, prompt: text) }
         guard let tty else { return nil }
-        Terminal.write(tty, text)
-        return Terminal.readLine(tty, echo: prompt.style == .echoOn)
+        return Terminal.readLine(tty, prompt: text, echo: prompt.style == .echoOn)
     }
 
     public func show(_ notice: Notice) {

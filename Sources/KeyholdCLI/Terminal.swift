@@ -60,10 +60,12 @@ enum Terminal {
         savedTerminal = nil
     }
 
-    /// Reads one line from `fd` into guarded memory, echo off when asked. Nil on end of input
-    /// (Ctrl-D), which the caller treats as cancel. Input typed before the prompt is discarded.
-    /// Inside an `echoOff` span, echo stays off afterwards.
-    static func readLine(_ fd: Int32, echo: Bool) -> SecureBytes? {
+    /// Shows `prompt` on `fd` and reads one line into guarded memory, echo off when asked. Nil
+    /// on end of input (Ctrl-D), which the caller treats as cancel. Input typed before the
+    /// prompt is discarded; the prompt is drawn only after that, so whatever is typed once it
+    /// shows is the answer (drawn first, a quick answer could fall in the discard). Inside an
+    /// `echoOff` span, echo stays off afterwards.
+    static func readLine(_ fd: Int32, prompt: String, echo: Bool) -> SecureBytes? {
         var current = termios()
         let isTTY = tcgetattr(fd, &current) == 0
         let withinQuiet = savedTerminal?.fd == fd
@@ -78,6 +80,7 @@ enum Terminal {
             }
             tcsetattr(fd, TCSAFLUSH, &mode)
         }
+        write(fd, prompt)
         defer {
             if isTTY && withinQuiet {
                 var quiet = savedTerminal!.settings
