@@ -285,17 +285,22 @@ extension VaultStore {
         try sealedRow(Self.sealedRowByID, is: id.bytes)
     }
 
+    /// The row whose blind index is `lookup`, as `sealedRow(id:)`.
+    func sealedRow(lookup: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
+        try sealedRow(Self.sealedRowByLookup, is: lookup)
+    }
+
     /// The statements of `sealedRow`, built once (the statement cache is keyed by their text).
     static let sealedRowByID = "SELECT \(itemColumns), wrapped_key, secret FROM items WHERE id = ?1"
     static let sealedRowByLookup = "SELECT \(itemColumns), wrapped_key, secret FROM items WHERE lookup = ?1"
 
     /// The one row that `query` (`sealedRowByID` or `sealedRowByLookup`: a unique column) finds
     /// for `key`, with its sealed key and secret, as stored; nil when there is none.
-    func sealedRow(_ query: String, is key: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
+    private func sealedRow(_ query: String, is key: [UInt8]) throws(StoreError) -> (ItemRow, [UInt8], [UInt8])? {
         do {
             return try db.withStatement(query) { (s) throws(DatabaseError) in
                 try s.bind(1, blob: key)
-                return try s.step() ? (ItemRow(s), s.blob(14), s.blob(15)) : nil
+                return try s.step() ? (ItemRow(s), s.blob(Self.columnAfterItem), s.blob(Self.columnAfterItem + 1)) : nil
             }
         } catch { throw StoreError.from(error) }
     }

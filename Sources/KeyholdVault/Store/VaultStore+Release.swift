@@ -39,7 +39,7 @@ extension VaultStore {
     public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
         guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
         let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
-        guard let (row, wrappedKey, sealedSecret) = try sealedRow(Self.sealedRowByLookup, is: lookup.bytes) else { return nil }
+        guard let (row, wrappedKey, sealedSecret) = try sealedRow(lookup: lookup.bytes) else { return nil }
         let item = try decode(row, generations: try verifiedGenerations())
         guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
         return ReleaseRow(item: item, row: row, wrappedKey: wrappedKey, sealedSecret: sealedSecret)
