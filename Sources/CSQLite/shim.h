@@ -11,7 +11,8 @@ static inline int csqlite_memstatus_off(void) { return sqlite3_config(SQLITE_CON
  * by the first change of a row of that table (the update hook, which runs before the change can
  * commit) and even again by csqlite_rows_settled, which the connection's owner calls whenever the
  * connection is outside a transaction. So it is never even while such a change is uncommitted,
- * and every change that commits moves it. Other threads read it with csqlite_rows_version. The
+ * and every change that commits moves it; a commit of another connection moves it by the time
+ * the watching connection's next write transaction has begun (csqlite_rows_changed_elsewhere). Other threads read it with csqlite_rows_version. The
  * hook is not called for rows removed by the truncate optimisation or by REPLACE: the watched
  * table must be changed by plain INSERT, UPDATE and DELETE … WHERE only. */
 #include <stdint.h>
@@ -36,6 +37,13 @@ static inline void csqlite_watch_rows(sqlite3 *db, csqlite_row_watch *watch) {
 static inline void csqlite_rows_settled(csqlite_row_watch *watch) {
     uint64_t now = __atomic_load_n(&watch->version, __ATOMIC_RELAXED);
     if (now & 1) __atomic_store_n(&watch->version, now + 1, __ATOMIC_SEQ_CST);
+}
+
+/* Moves the version by two (its parity kept): for a change the hook cannot see, one another
+ * connection committed (Database notices it by PRAGMA data_version at each write transaction). */
+static inline void csqlite_rows_changed_elsewhere(csqlite_row_watch *watch) {
+    uint64_t now = __atomic_load_n(&watch->version, __ATOMIC_RELAXED);
+    __atomic_store_n(&watch->version, now + 2, __ATOMIC_SEQ_CST);
 }
 
 static inline uint64_t csqlite_rows_version(const csqlite_row_watch *watch) {

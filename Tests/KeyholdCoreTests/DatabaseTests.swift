@@ -117,6 +117,37 @@ import Testing
         #expect(items.current != seen && items.current % 2 == 0)
     }
 
+    /// The update hook sees only the watching connection's changes; a commit of another one
+    /// (another process, or anyone writing the file by SQLite's rules) must move the version by
+    /// the time the watcher's next write transaction has begun, else a row read before that
+    /// commit would be taken as current (VaultStore.storedRowIs).
+    @Test func watchedRowsVersionMovesWhenAnotherConnectionCommits() throws {
+        let dir = TempDir()
+        let path = dir.path + "/t.db"
+        let db = try Database(path: path, create: true)
+        try db.execute("PRAGMA journal_mode=WAL; CREATE TABLE items (k INTEGER PRIMARY KEY, v TEXT); CREATE TABLE other (k INTEGER PRIMARY KEY)")
+        let version = try db.watchRows(of: "items")
+        let other = try Database(path: path)
+
+        let start = version.current
+        try db.transaction { () throws(DatabaseError) in try db.execute("INSERT INTO other VALUES (1)") }
+        #expect(version.current == start)  // its own commit, not of items: unchanged
+
+        try other.execute("INSERT INTO items VALUES (1, 'elsewhere')")
+        #expect(version.current == start)  // not seen until the watcher's next write transaction
+        try db.transaction { () throws(DatabaseError) in
+            #expect(version.current != start && version.current % 2 == 0)
+        }
+        let seen = version.current
+        try db.transaction { () throws(DatabaseError) in try db.execute("INSERT INTO other VALUES (2)") }
+        #expect(version.current == seen)  // nothing since
+
+        // Any table: the pragma cannot tell which one another connection changed.
+        try other.execute("INSERT INTO other VALUES (3)")
+        _ = db.groupTransaction { true }
+        #expect(version.current != seen && version.current % 2 == 0)
+    }
+
     @Test func storeConnectionPragmas() throws {
         let dir = TempDir()
         let store = try openStore(dir)

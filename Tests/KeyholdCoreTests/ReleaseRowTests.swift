@@ -33,6 +33,18 @@ import KeyholdTestSupport
             return (row, try store.secretOpener.open(row, appPassword: appPassword))
         }
 
+        /// `openConfirmed` on its own, or as the broker's group commit runs it: a member of a group.
+        func confirm(_ row: ReleaseRow, _ opened: SecureBytes, inGroup: Bool) -> Result<(secret: SecureBytes, current: StoredItem), StoreError> {
+            guard inGroup else { return Result { () throws(StoreError) in try store.openConfirmed(row, opened: opened, appPassword: nil) } }
+            var result: Result<(secret: SecureBytes, current: StoredItem), StoreError> = .failure(.auditWriteFailed)
+            let committed = store.groupTransaction {
+                result = Result { () throws(StoreError) in
+                    try store.memberTransaction { () throws(StoreError) in try store.openConfirmed(row, opened: opened, appPassword: nil) }
+                }
+            }
+            return committed ? result : .failure(.auditWriteFailed)
+        }
+
         /// Raw SQL on a connection of the test's own (someone who can write vault.db).
         func sql(_ text: String) throws {
             let db = try Database(path: dir.state + "/vault.db")
@@ -116,22 +128,65 @@ import KeyholdTestSupport
             "created_us = created_us + 1", "updated_us = updated_us + 1", "generation = generation + 1", "expires_us = 1",
             "wrapped_key = wrapped_key || x'00'", "secret = secret || x'00'", "policy = CAST(policy AS BLOB) || x'ff'",
         ]
-        for alteration in alterations {
+        // Both ways the writer confirms: on its own, and as the broker does, inside a group
+        // commit's write transaction, where an unchanged version stands for the comparison
+        // (`ReleaseRow.readUnder`): another connection's commit must move it.
+        for inGroup in [false, true] {
+            for alteration in alterations {
+                let v = try Vault()
+                _ = try v.add("tok-1")
+                let (row, opened) = try v.decided()
+                try v.sql("UPDATE items SET \(alteration)")
+                if case .success(let released) = v.confirm(row, opened, inGroup: inGroup) {
+                    #expect(released.secret !== opened, "\(alteration), in a group: \(inGroup): the opened secret was given out")
+                }
+                #expect(Self.isWiped(opened), "\(alteration), in a group: \(inGroup)")
+            }
+            // Unchanged, the same row is confirmed (the opened secret is what is released).
             let v = try Vault()
             _ = try v.add("tok-1")
             let (row, opened) = try v.decided()
-            try v.sql("UPDATE items SET \(alteration)")
-            if let released = try? v.store.openConfirmed(row, opened: opened, appPassword: nil) {
-                #expect(released.secret !== opened, "\(alteration): the opened secret was given out")
-            }
-            #expect(Self.isWiped(opened), "\(alteration)")
+            try v.sql("UPDATE items SET policy = policy")
+            #expect(try v.confirm(row, opened, inGroup: inGroup).get().secret === opened)
+            let (again, openedAgain) = try v.decided()
+            #expect(try v.confirm(again, openedAgain, inGroup: inGroup).get().secret === openedAgain)
         }
-        // Unchanged, the same row is confirmed (the opened secret is what is released).
-        let v = try Vault()
-        _ = try v.add("tok-1")
-        let (row, opened) = try v.decided()
-        try v.sql("UPDATE items SET policy = policy")
-        #expect(try v.store.openConfirmed(row, opened: opened, appPassword: nil).secret === opened)
+    }
+
+    /// Inside one group commit, a member that changed the item before another member's release
+    /// is confirmed: the writer's own uncommitted change must count as a change (the version is
+    /// odd until the group ends), so the tightened policy is *conflict* and a replaced secret
+    /// is the new one, never what was opened from the row read before; whether the reader read
+    /// it before the group or during it (the last committed row, under the odd version).
+    @Test func aChangeEarlierInTheSameGroupIsSeenByALaterMembersConfirmation() throws {
+        for change in ["tighten", "replace"] {
+            for readDuringGroup in [false, true] {
+                let v = try Vault()
+                let added = try v.add("tok-1")
+                let access = AccessControl(policy: try Policy(parsing: change == "tighten" ? "device-passcode" : "none"))
+                var decided = readDuringGroup ? nil : try v.decided()
+                var confirmed: Result<(secret: SecureBytes, current: StoredItem), StoreError>?
+                var replaced = false
+                let committed = v.store.groupTransaction {
+                    replaced = (try? v.store.replace(added, with: NewItem(service: "svc", account: "acct", access: access),
+                                                     secret: secret("tok-2"), audit: record(.update))) != nil
+                    if decided == nil { decided = try? v.decided() }
+                    guard let (row, opened) = decided else { return }
+                    confirmed = Result { () throws(StoreError) in
+                        try v.store.memberTransaction { () throws(StoreError) in try v.store.openConfirmed(row, opened: opened, appPassword: nil) }
+                    }
+                }
+                let what = "\(change), read during the group: \(readDuringGroup)"
+                #expect(committed && replaced, "\(what)")
+                let opened = try #require(decided, "\(what)").1
+                #expect(Self.isWiped(opened), "\(what)")
+                switch (change, confirmed) {
+                case ("tighten", .failure(let e)?): #expect(e == .conflict, "\(what)")
+                case ("replace", .success(let released)?): expectSecret(string(released.secret), equals: "tok-2")
+                default: Issue.record("\(what): \(String(describing: confirmed))")
+                }
+            }
+        }
     }
 
     /// An application-password item: the opener needs the right key (wrong: *wrong application

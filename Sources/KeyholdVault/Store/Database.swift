@@ -56,6 +56,30 @@ public final class Database {
     private func beganWriteTransaction() {
         inWriteTransaction = true
         stateSerial &+= 1
+        noticeOtherCommits()
+    }
+
+    /// `PRAGMA data_version` when the watched version last took account of it.
+    private var seenDataVersion: Int64?
+
+    /// Moves the watched version when another connection (another process, a file put in the
+    /// vault's place by SQLite's rules) has committed since this check last ran: the update hook
+    /// sees only this connection's changes. Run at the start of each write transaction, which
+    /// holds the write lock, so no other commit can come before it ends. When the pragma cannot
+    /// be read the version moves too: a failed check never leaves a row looking current.
+    private func noticeOtherCommits() {
+        guard let rowWatch else { return }
+        let now = dataVersion
+        if now == nil || now != seenDataVersion { csqlite_rows_changed_elsewhere(rowWatch.watch) }
+        seenDataVersion = now
+    }
+
+    /// `PRAGMA data_version`: moves when another connection has committed; nil if unreadable.
+    private var dataVersion: Int64? {
+        let now = try? withStatement("PRAGMA data_version") { (s) throws(DatabaseError) -> Int64? in
+            try s.step() ? s.int64(0) : nil
+        }
+        return now ?? nil
     }
 
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
@@ -119,6 +143,7 @@ public final class Database {
         let watch = RowsVersion(table: table)
         rowWatch = watch
         csqlite_watch_rows(h, watch.watch)
+        seenDataVersion = dataVersion
         return watch
     }
 

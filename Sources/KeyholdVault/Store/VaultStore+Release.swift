@@ -12,6 +12,10 @@ public struct ReleaseRow: Sendable {
     let row: VaultStore.ItemRow
     let wrappedKey: [UInt8]
     let sealedSecret: [UInt8]
+    /// The writer's `itemRowsVersion` as read before this row's lookup began, when it was even
+    /// (no change of the writer's uncommitted): while the version still has that value, nothing
+    /// has changed a row of `items` since, so the row is what the file holds (`storedRowIs`).
+    let readUnder: (version: RowsVersion, value: UInt64)?
 
     /// The bytes of its sealed boxes (the wrapped key and the sealed secret), for a bound on
     /// how many rows are kept in memory.
@@ -38,11 +42,16 @@ extension VaultStore {
     /// open, or whose names or owner differ from the request, is `.integrity`: never another item.
     public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
         guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
+        // Read before the first statement, so before a reader's snapshot begins.
+        let readUnder = itemRowsVersion.flatMap { version in
+            let value = version.current
+            return value & 1 == 0 ? (version, value) : nil
+        }
         let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
         guard let (row, wrappedKey, sealedSecret) = try sealedRow(lookup: lookup.bytes) else { return nil }
         let item = try decode(row, generations: try verifiedGenerations())
         guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
-        return ReleaseRow(item: item, row: row, wrappedKey: wrappedKey, sealedSecret: sealedSecret)
+        return ReleaseRow(item: item, row: row, wrappedKey: wrappedKey, sealedSecret: sealedSecret, readUnder: readUnder)
     }
 
     /// What a release gives out, read under the writer's transaction: `opened` (the secret of
@@ -68,6 +77,10 @@ extension VaultStore {
     }
 
     private func storedRowIs(_ expected: ReleaseRow) throws(StoreError) -> Bool {
+        if isUnchangedSinceRead(expected) {
+            try checkGeneration(expected.item.id, expected.row.generation, in: try verifiedGenerations())
+            return true
+        }
         let same: Bool
         do {
             // `sealedRow(id:)`'s query, compared in place: no copy of a row that is the same.
@@ -80,5 +93,15 @@ extension VaultStore {
         guard same else { return false }
         try checkGeneration(expected.item.id, expected.row.generation, in: try verifiedGenerations())
         return true
+    }
+
+    /// Whether no row of `items` can have changed since `row` was read: inside a write
+    /// transaction (whose start took account of other connections' commits, and whose write lock
+    /// keeps them out), this store's version is still the even value read before the row's
+    /// lookup. Any change of this transaction's own has made it odd, so never equal.
+    private func isUnchangedSinceRead(_ row: ReleaseRow) -> Bool {
+        guard let stamp = row.readUnder, let version = itemRowsVersion, stamp.version === version,
+              db.writeSnapshot != nil else { return false }
+        return version.current == stamp.value
     }
 }

@@ -41,8 +41,10 @@ public final class VaultStore {
     /// value once. Bounded; only values that parsed are kept.
     var policyCache: [String: Policy] = [:]
     var executablesCache: [[UInt8]: [String]] = [:]
-    /// The writer's: moves with every change to a row of `items` it commits (`RowsVersion`), so
-    /// a row read earlier is known to be current while it has not moved. nil for a reader.
+    /// The writer's: moves with every change to a row of `items` that commits, its own at once
+    /// and another connection's when its next write transaction begins (`RowsVersion`), so a
+    /// row read earlier is known to be current while it has not moved. A reader's store holds
+    /// its writer's, to date the rows it reads (`ReleaseRow.readUnder`).
     public private(set) var itemRowsVersion: RowsVersion?
 
     /// The schema version this code writes (the last `-- migrate:N` of schema.sql).
@@ -54,7 +56,7 @@ public final class VaultStore {
         self.init(db: db, isReader: false, ReaderSeed(
             wrappingKey: key.wrappingKey, attributeKey: key.attributeKey, blindIndexKey: key.blindIndexKey, auditKey: key.auditKey,
             generationKey: key.generationKey, searchKey: key.searchKey, fileIdentities: [], stateDirectory: stateDirectory,
-            passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations()))
+            passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations(), itemRowsVersion: nil))
     }
 
     /// A store's keys and settings; what a reader's store takes from the writer's: Sendable
@@ -65,12 +67,14 @@ public final class VaultStore {
         let generationKey: MACKey, searchKey: MACKey
         let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
         let publishedGenerations: PublishedGenerations
+        let itemRowsVersion: RowsVersion?
     }
 
     public var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
                    generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
-                   stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations)
+                   stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations,
+                   itemRowsVersion: itemRowsVersion)
     }
 
     /// A read-only store over `db`, another connection to the writer's file, with its keys.
@@ -91,6 +95,7 @@ public final class VaultStore {
         self.fileIdentities = seed.fileIdentities
         self.stateDirectory = seed.stateDirectory
         self.passwordHashing = seed.passwordHashing
+        self.itemRowsVersion = seed.itemRowsVersion
     }
 
     /// Opens (or, on first start, creates) the vault in `stateDirectory`.
