@@ -145,7 +145,9 @@ public final class Broker: Sendable {
     @discardableResult
     func audit(_ event: AuditEvent) -> Bool {
         let record = event.record()
-        if case .success = transact(record, { (store) throws(StoreError) in try store.append(record) }) { return true }
+        if case .success = transact(record, writes: .oneAppendLast, { (store) throws(StoreError) in try store.append(record) }) {
+            return true
+        }
         return false
     }
 
@@ -153,29 +155,46 @@ public final class Broker: Sendable {
     /// member of a group commit. Its value is returned only once the commit holding the entry
     /// is durable; if that commit fails, `discard` gets the value (to wipe a secret) and the
     /// result is `.auditWriteFailed`. The entry's system-log copy follows the commit.
-    func transact<R>(_ record: AuditRecord, _ body: (VaultStore) throws(StoreError) -> R,
+    func transact<R>(_ record: AuditRecord, writes: MemberWrites = .any, _ body: (VaultStore) throws(StoreError) -> R,
                      discard: (R) -> Void = { _ in }) -> Result<R, StoreError> {
         var result: Result<R, StoreError> = .failure(.auditWriteFailed)
-        let committed = group.run({ store in Self.runMember(body, on: store, into: &result) },
+        let committed = group.run({ store in Self.runMember(body, writes: writes, on: store, into: &result) },
                                   withStore: { work in withStore(work) })
         return settle(record, result, committed: committed, discard: discard)
     }
 
     /// `transact` without waiting for the commit: `then` gets the same result, on the thread
     /// that led the commit (GroupCommit.submit), and must not block.
-    func transactWithoutWaiting<R>(_ record: AuditRecord, _ body: @escaping (VaultStore) throws(StoreError) -> R,
+    func transactWithoutWaiting<R>(_ record: AuditRecord, writes: MemberWrites = .any,
+                                   _ body: @escaping (VaultStore) throws(StoreError) -> R,
                                    discard: @escaping (R) -> Void, then: @escaping (Result<R, StoreError>) -> Void) {
         let pending = PendingResult<R>()
-        group.submit({ store in Self.runMember(body, on: store, into: &pending.result) },
+        group.submit({ store in Self.runMember(body, writes: writes, on: store, into: &pending.result) },
                      withStore: { [self] work in withStore(work) },
                      completion: { [self] committed in then(settle(record, pending.result, committed: committed, discard: discard)) })
     }
 
-    /// A member's part, as a nested transaction of its group's: false rolls back this member alone.
-    private static func runMember<R>(_ body: (VaultStore) throws(StoreError) -> R, on store: VaultStore,
+    /// What a member's `body` may write, which decides whether it needs a nested transaction
+    /// of its own around it.
+    enum MemberWrites {
+        /// Anything: `body` runs as a nested transaction, so its failure undoes all it wrote.
+        case any
+        /// Nothing but one `VaultStore.append`, as its last step (a release, a plain entry).
+        /// That append is a nested transaction itself, so a failure anywhere in `body` leaves
+        /// nothing of it: a second one around it would only cost the leader, which every member
+        /// of the group waits for, two statements per member.
+        case oneAppendLast
+    }
+
+    /// A member's part, as a nested transaction of its group's (or, for `.oneAppendLast`, with
+    /// its one nested transaction its own append): false rolls back this member alone.
+    private static func runMember<R>(_ body: (VaultStore) throws(StoreError) -> R, writes: MemberWrites, on store: VaultStore,
                                      into result: inout Result<R, StoreError>) -> Bool {
         do throws(StoreError) {
-            result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
+            switch writes {
+            case .any: result = .success(try store.memberTransaction { () throws(StoreError) in try body(store) })
+            case .oneAppendLast: result = .success(try body(store))
+            }
             return true
         } catch {
             result = .failure(error)

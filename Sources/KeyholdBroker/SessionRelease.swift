@@ -59,7 +59,7 @@ extension Session {
     func release(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
                  decided: ReleaseRow? = nil) -> Result<Opened, Denial> {
         let release = PendingRelease(self, item, request, method: method, appPassword: appPassword, decided: decided)
-        return release.settle(broker.transact(release.record, release.work, discard: { $0.secret.wipe() }))
+        return release.settle(broker.transact(release.record, writes: .oneAppendLast, release.work, discard: { $0.secret.wipe() }))
     }
 
     /// `release` of a `get` without waiting for the commit (the event loop's): `then` gets what
@@ -67,7 +67,9 @@ extension Session {
     func releaseWithoutWaiting(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
                                decided: ReleaseRow, then: @escaping (Result<Opened, Denial>) -> Void) {
         let release = PendingRelease(self, item, request, method: method, appPassword: appPassword, decided: decided)
-        broker.transactWithoutWaiting(release.record, release.work, discard: { $0.secret.wipe() }) { then(release.settle($0)) }
+        broker.transactWithoutWaiting(release.record, writes: .oneAppendLast, release.work, discard: { $0.secret.wipe() }) {
+            then(release.settle($0))
+        }
     }
 
     /// A release's entry and the writer's part of it, built once for either way of committing.
@@ -85,7 +87,7 @@ extension Session {
             self.preopened = preopened
             // The row is read again here and must still carry the access the gate judged on
             // `item` (else *conflict*): a policy tightened while the gate ran never releases the
-            // new secret.
+            // new secret. Reads, then the one append (`Broker.MemberWrites.oneAppendLast`).
             work = { (store) throws(StoreError) -> Opened in
                 let opened = if let decided { try store.openConfirmed(decided, opened: preopened, appPassword: appPassword) }
                     else { try store.openCurrentSecret(item, appPassword: appPassword) }

@@ -116,6 +116,41 @@ import KeyholdTestSupport
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 12))
     }
 
+    /// Through the broker, as a release and a plain entry commit: a member whose only write is
+    /// its one append (`Broker.MemberWrites.oneAppendLast`) runs without a nested transaction of
+    /// its own around it. Its append failing (a trigger refuses entries of pid 667) leaves
+    /// nothing of it, not even in the writer's memory of the chain: every other member of the
+    /// same groups lands, and the chain verifies.
+    @Test func aMemberWhoseOnlyWriteIsItsAppendFailsAloneWithoutASavepointAroundIt() throws {
+        let h = try ReaderLookupTests.Harness()
+        let db = try Database(path: h.dbPath)
+        try db.execute("CREATE TRIGGER append_fault BEFORE INSERT ON audit WHEN NEW.caller_pid = 667 BEGIN SELECT RAISE(ABORT, 'fault'); END;")
+        db.close()
+        let outcomes = Mutex([Result<Int, StoreError>?](repeating: nil, count: 32))
+        runThreads(32) { i in
+            let record = Self.record("o-\(i)", pid: i % 4 == 0 ? 667 : 4242)
+            let result = h.broker.transact(record, writes: .oneAppendLast) { (store) throws(StoreError) -> Int in
+                _ = try store.item(owner: 1000, service: "s", account: "a")  // reads first, as a release's confirmation does
+                try store.append(record)
+                return i
+            }
+            outcomes.withLock { $0[i] = result }
+        }
+        let results = outcomes.withLock { $0 }
+        for i in 0..<32 {
+            switch results[i] {
+            case .success(let v)?: #expect(i % 4 != 0 && v == i)
+            case .failure(let e)?: #expect(i % 4 == 0 && e == .auditWriteFailed, "\(i): \(e)")
+            case nil: Issue.record("\(i): no outcome")
+            }
+        }
+        let stored: [String] = h.broker.withStore { store in (try? store.auditEntries(visibleTo: nil).compactMap(\.reason)) ?? [] }
+        let expected: [String] = (0..<32).filter { $0 % 4 != 0 }.map { "o-\($0)" }
+        #expect(Set(stored.filter { $0.hasPrefix("o-") }) == Set(expected))
+        let verified = h.broker.withStore { store in try? store.verifyAudit() }
+        #expect(verified == .intact(count: Int64(stored.count)))
+    }
+
     /// A fault at COMMIT time (a deferred foreign-key violation, which SQLite checks only
     /// when the outer transaction commits) in a group of 47: none of the 47 is acknowledged and
     /// none of their entries is stored; the member committed before it, and those after, land.
