@@ -180,9 +180,10 @@ public final class Broker: Sendable {
         /// Anything: `body` runs as a nested transaction, so its failure undoes all it wrote.
         case any
         /// Nothing but one `VaultStore.append`, as its last step (a release, a plain entry).
-        /// That append is a nested transaction itself, so a failure anywhere in `body` leaves
-        /// nothing of it: a second one around it would only cost the leader, which every member
-        /// of the group waits for, two statements per member.
+        /// That append undoes itself when it fails (a nested transaction, or inside a group that
+        /// defers the head its one INSERT), so a failure anywhere in `body` leaves nothing of
+        /// it: a nested transaction around it would only cost the leader, which every member of
+        /// the group waits for, two statements per member.
         case oneAppendLast
     }
 
