@@ -70,11 +70,14 @@ public struct CallerFacts: Sendable, Equatable {
         return findRemote(pid: facts.pid, stat: stat)
     }
 
+    /// The link `/proc/<pid>/exe` names. Read for every request (a process may exec another
+    /// program on the same connection), so into a buffer on the stack, not a zeroed array.
     public static func readExecutable(pid: Int32) -> String? {
-        var buf = [CChar](repeating: 0, count: Int(PATH_MAX) + 1)
-        let n = readlink("/proc/\(pid)/exe", &buf, buf.count - 1)
-        guard n > 0 else { return nil }
-        return String(decoding: buf[0..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        withUnsafeTemporaryAllocation(byteCount: Int(PATH_MAX), alignment: 1) { buffer -> String? in
+            let n = readlink("/proc/\(pid)/exe", buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count)
+            guard n > 0, n < buffer.count else { return nil }  // PATH_MAX bytes: possibly cut short
+            return String(decoding: UnsafeRawBufferPointer(rebasing: buffer[0..<n]), as: UTF8.self)
+        }
     }
 
     /// tty_nr is the kernel's encoded dev_t: major in bits 8–15, minor in 0–7 and 20–31.
