@@ -96,15 +96,20 @@ func splitMix64(_ state: inout UInt64) -> UInt64 {
     // This machine's speed drifts by a third within minutes, so the 1- and 64-client rows above
     // may come from different speeds: the ratio again from alternated 1 s rounds, each 64-client
     // round against the 1-client round just before it.
-    var ratios: [Double] = []
+    var ratios: [Double] = [], ones: [Double] = [], manys: [Double] = []
     for _ in 0..<alternatedRounds {
         let one = measureThroughput(socketPath: socketPath, items: items, clients: 1, seconds: 1).perSecond
         let many = measureThroughput(socketPath: socketPath, items: items, clients: 64, seconds: 1).perSecond
         ratios.append(many / one)
+        ones.append(one)
+        manys.append(many)
     }
     report("64 clients against 1, alternated 1 s rounds: x 1 client each round (median)",
            ratios.map { String(format: "%.1fx", $0) }.joined(separator: " ") + String(format: " (%.1fx)", percentile(ratios, 0.5)),
            "target >= 8x")
+    // The rounds' own rates, to compare with the rows above (which phase differs, when they disagree).
+    let range = { (v: [Double]) in String(format: "%.0f (%.0f-%.0f)", percentile(v, 0.5), v.min() ?? 0, v.max() ?? 0) }
+    report("  the rounds' gets/s, 1 client / 64 clients: median (least-most)", range(ones) + " / " + range(manys), "")
 }
 
 /// Rounds of the alternated ratio (about 2.5 s each; an odd count, so the median is one of them).
