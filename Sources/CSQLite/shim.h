@@ -12,9 +12,10 @@ static inline int csqlite_memstatus_off(void) { return sqlite3_config(SQLITE_CON
  * commit) and even again by csqlite_rows_settled, which the connection's owner calls whenever the
  * connection is outside a transaction. So it is never even while such a change is uncommitted,
  * and every change that commits moves it; a commit of another connection moves it by the time
- * the watching connection's next write transaction has begun (csqlite_rows_changed_elsewhere). Other threads read it with csqlite_rows_version. The
- * hook is not called for rows removed by the truncate optimisation or by REPLACE: the watched
- * table must be changed by plain INSERT, UPDATE and DELETE … WHERE only. */
+ * the watching connection's next write transaction has begun (csqlite_rows_changed_elsewhere).
+ * Other threads read it with csqlite_rows_version. The hook is not called for rows removed by the
+ * truncate optimisation or by REPLACE: the watched table must be changed by plain INSERT, UPDATE
+ * and DELETE … WHERE only. */
 #include <stdint.h>
 #include <string.h>
 typedef struct csqlite_row_watch {
