@@ -119,9 +119,7 @@ extension Broker {
         for (uid, count) in budget.takeBursts(all: all) {
             let record = AuditRecord(callerUID: uid, callerPID: 0, executable: "", operation: .refusedBurst,
                                      decision: .denied, reason: "count=\(count)", outcome: .busy)
-            if case .failure = transact(record, writes: .oneAppendLast, { (store) throws(StoreError) in try store.append(record) }) {
-                budget.restore(uid: uid, count: count)
-            }
+            if !audit(record) { budget.restore(uid: uid, count: count) }
         }
     }
 }

@@ -144,7 +144,12 @@ public final class Broker: Sendable {
     /// *audit unavailable* and releases nothing.
     @discardableResult
     func audit(_ event: AuditEvent) -> Bool {
-        let record = event.record()
+        audit(event.record())
+    }
+
+    /// Commits one entry already built (a release's or a change's entry goes with its work instead).
+    @discardableResult
+    func audit(_ record: AuditRecord) -> Bool {
         if case .success = transact(record, writes: .oneAppendLast, { (store) throws(StoreError) in try store.append(record) }) {
             return true
         }

@@ -69,17 +69,14 @@ public final class Database {
     /// be read the version moves too: a failed check never leaves a row looking current.
     private func noticeOtherCommits() {
         guard let rowWatch else { return }
-        let now = dataVersion
+        let now = try? dataVersion()
         if now == nil || now != seenDataVersion { csqlite_rows_changed_elsewhere(rowWatch.watch) }
         seenDataVersion = now
     }
 
-    /// `PRAGMA data_version`: moves when another connection has committed; nil if unreadable.
-    private var dataVersion: Int64? {
-        let now = try? withStatement("PRAGMA data_version") { (s) throws(DatabaseError) -> Int64? in
-            try s.step() ? s.int64(0) : nil
-        }
-        return now ?? nil
+    /// `PRAGMA data_version`: moves when another connection has committed.
+    func dataVersion() throws(DatabaseError) -> Int64 {
+        try withStatement("PRAGMA data_version") { (s) throws(DatabaseError) in try s.step() ? s.int64(0) : 0 }
     }
 
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
@@ -143,7 +140,7 @@ public final class Database {
         let watch = RowsVersion(table: table)
         rowWatch = watch
         csqlite_watch_rows(h, watch.watch)
-        seenDataVersion = dataVersion
+        seenDataVersion = try? dataVersion()
         return watch
     }
 

@@ -86,16 +86,12 @@ extension VaultStore {
 
     static let emptyDigest = [UInt8](repeating: 0, count: KeyedHash.byteCount)
 
-    private func dataVersion() throws(DatabaseError) -> Int64 {
-        try db.withStatement("PRAGMA data_version") { (s) throws(DatabaseError) in try s.step() ? s.int64(0) : 0 }
-    }
-
     /// The verified generation record. `.integrity` when it does not verify against the audit
     /// head (rows of `item_generation` or its head altered, removed or put back).
     func verifiedGenerations() throws(StoreError) -> GenerationRecord {
         do throws(DatabaseError) {
             if case .verified(let r) = generationState, let now = db.writeSnapshot, r.confirmedIn == now { return r }
-            let version = try dataVersion()
+            let version = try db.dataVersion()
             switch generationState {
             case .verified(let r) where r.dataVersion == version:
                 // Inside a group commit a change can be undone after this copy followed it (a

@@ -77,20 +77,18 @@ extension VaultStore {
     }
 
     private func storedRowIs(_ expected: ReleaseRow) throws(StoreError) -> Bool {
-        if isUnchangedSinceRead(expected) {
-            try checkGeneration(expected.item.id, expected.row.generation, in: try verifiedGenerations())
-            return true
+        if !isUnchangedSinceRead(expected) {
+            let same: Bool
+            do {
+                // `sealedRow(id:)`'s query, compared in place: no copy of a row that is the same.
+                same = try db.withStatement(Self.sealedRowByID) { (s) throws(DatabaseError) in
+                    try s.bind(1, blob: expected.item.id.bytes)
+                    return try s.step() && expected.row.isStored(in: s)
+                        && s.blobIs(Self.columnAfterItem, expected.wrappedKey) && s.blobIs(Self.columnAfterItem + 1, expected.sealedSecret)
+                }
+            } catch { throw StoreError.from(error) }
+            guard same else { return false }
         }
-        let same: Bool
-        do {
-            // `sealedRow(id:)`'s query, compared in place: no copy of a row that is the same.
-            same = try db.withStatement(Self.sealedRowByID) { (s) throws(DatabaseError) in
-                try s.bind(1, blob: expected.item.id.bytes)
-                return try s.step() && expected.row.isStored(in: s)
-                    && s.blobIs(Self.columnAfterItem, expected.wrappedKey) && s.blobIs(Self.columnAfterItem + 1, expected.sealedSecret)
-            }
-        } catch { throw StoreError.from(error) }
-        guard same else { return false }
         try checkGeneration(expected.item.id, expected.row.generation, in: try verifiedGenerations())
         return true
     }
