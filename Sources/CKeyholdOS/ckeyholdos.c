@@ -347,6 +347,14 @@ int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char h[4]) {
     return (uint64_t)queued >= (uint64_t)length + 4 ? 1 : 0;
 }
 
+long ckh_read_exe_link(int pid, char *buf, unsigned long size) {
+    /* readlink of /proc/<pid>/exe: the link's length (not terminated), or -1 with errno. The
+       path is formatted here, on the C stack: the caller asks once per request. */
+    char path[32];
+    snprintf(path, sizeof path, "/proc/%d/exe", pid);
+    return (long)readlink(path, buf, size);
+}
+
 long ckh_send_nowait(int fd, const void *buf, unsigned long len) {
     /* The bytes taken, or -errno (returned, so that nothing between here and the caller's
        check can change it). */

@@ -1,4 +1,5 @@
 import Glibc
+import CKeyholdOS
 
 /// What the broker can verify about a caller process from /proc, for PAM items and policy
 /// (allowed executables, reuse windows per session).
@@ -71,12 +72,30 @@ public struct CallerFacts: Sendable, Equatable {
     }
 
     /// The link `/proc/<pid>/exe` names. Read for every request (a process may exec another
-    /// program on the same connection), so into a buffer on the stack, not a zeroed array.
+    /// program on the same connection), so first into a buffer Swift keeps on the stack (it
+    /// does up to 1 KiB; PATH_MAX bytes went through `posix_memalign`, 1% of the broker's CPU
+    /// at 64 clients), and only a link that may have been cut short again at PATH_MAX.
     public static func readExecutable(pid: Int32) -> String? {
-        withUnsafeTemporaryAllocation(byteCount: Int(PATH_MAX), alignment: 1) { buffer -> String? in
-            let n = readlink("/proc/\(pid)/exe", buffer.baseAddress!.assumingMemoryBound(to: CChar.self), buffer.count)
-            guard n > 0, n < buffer.count else { return nil }  // PATH_MAX bytes: possibly cut short
-            return String(decoding: UnsafeRawBufferPointer(rebasing: buffer[0..<n]), as: UTF8.self)
+        switch readExecutable(pid: pid, bufferBytes: firstReadBytes) {
+        case .read(let path): return path
+        case .failed: return nil
+        case .cutShort:
+            guard case .read(let path) = readExecutable(pid: pid, bufferBytes: Int(PATH_MAX)) else { return nil }
+            return path
+        }
+    }
+
+    /// The first read's buffer: Swift's largest temporary allocation on the stack.
+    static let firstReadBytes = 1024
+
+    private enum LinkRead { case read(String), failed, cutShort }
+
+    private static func readExecutable(pid: Int32, bufferBytes: Int) -> LinkRead {
+        withUnsafeTemporaryAllocation(byteCount: bufferBytes, alignment: 1) { buffer -> LinkRead in
+            let n = ckh_read_exe_link(pid, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(buffer.count))
+            guard n > 0 else { return .failed }
+            guard n < buffer.count else { return .cutShort }  // the whole buffer: possibly cut short
+            return .read(String(decoding: UnsafeRawBufferPointer(rebasing: buffer[0..<n]), as: UTF8.self))
         }
     }
 

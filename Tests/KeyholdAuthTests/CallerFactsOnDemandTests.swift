@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import KeyholdAuth
+import KeyholdTestSupport
 
 /// The sshd walk read on demand (only PAM needs it): it finds the same remote session as the
 /// full read, and a sender that has gone (or whose pid now names another process) counts as
@@ -9,7 +10,7 @@ import Testing
     @Test func remoteOnDemandMatchesTheFullReadAndFailsClosed() throws {
         let dir = PAMFixture.tempDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        try FileManager.default.copyItem(atPath: URL(fileURLWithPath: "/bin/sh").resolvingSymlinksInPath().path, toPath: dir + "/sshd")
+        try copyProgram(URL(fileURLWithPath: "/bin/sh").resolvingSymlinksInPath().path, to: dir + "/sshd")
         let marker = "64.\(getpid())"
         let child = try CallerFactsTests.Child(dir + "/sshd", ["-c", "/bin/sleep \(marker); :"],
                                                environment: ["SSH_CONNECTION=203.0.113.9 52811 10.0.0.1 22", "PATH=/usr/bin:/bin"])

@@ -1,6 +1,8 @@
 import Foundation
 import Testing
 @testable import KeyholdAuth
+import KeyholdTestSupport
+import CKeyholdOS
 
 /// Caller facts read from the real /proc of real processes started by the test.
 @Suite struct CallerFactsTests {
@@ -17,6 +19,8 @@ import Testing
             posix_spawn_file_actions_init(&actions)
             defer { posix_spawn_file_actions_destroy(&actions) }
             for fd: Int32 in 0...2 { posix_spawn_file_actions_addopen(&actions, fd, "/dev/null", O_RDWR, 0) }
+            // Nothing else of the test process (another test's descriptors) goes to the child.
+            _ = ckh_spawn_closefrom(&actions, 3)
             let argv: [UnsafeMutablePointer<CChar>?] = ([exe] + args).map { strdup($0) } + [nil]
             let envp: [UnsafeMutablePointer<CChar>?]? = environment.map { $0.map { strdup($0) } + [nil] }
             defer { argv.forEach { free($0) }; envp?.forEach { free($0) } }
@@ -92,7 +96,7 @@ import Testing
         // ancestor's executable name (which can only make a caller look *more* restricted).
         let dir = PAMFixture.tempDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
-        try FileManager.default.copyItem(atPath: URL(fileURLWithPath: "/bin/sh").resolvingSymlinksInPath().path, toPath: dir + "/sshd")
+        try copyProgram(URL(fileURLWithPath: "/bin/sh").resolvingSymlinksInPath().path, to: dir + "/sshd")
         for (value, expected) in [("203.0.113.9 52811 10.0.0.1 22", "203.0.113.9"),
                                   ("2001:db8::7 52811 2001:db8::1 22", "2001:db8::7"),
                                   ("\u{1b}[31mevil 1 2 3", "remote")] {
@@ -105,6 +109,32 @@ import Testing
             #expect(facts.remote == CallerFacts.RemoteSession(sshdPID: child.pid, host: expected))
             #expect(facts.pamRemoteHost == expected)
         }
+    }
+
+    /// The executable link is read first into a 1 KiB buffer and, when it fills it, again at
+    /// PATH_MAX: programs whose paths end just before, at and just after that buffer's end are
+    /// named whole (never cut short, never nil).
+    @Test func executablePathsAroundTheFirstBufferAreReadWhole() throws {
+        let dir = PAMFixture.tempDirectory()
+        defer { try? FileManager.default.removeItem(atPath: dir) }
+        let sleep = URL(fileURLWithPath: "/bin/sleep").resolvingSymlinksInPath().path
+        let first = CallerFacts.firstReadBytes
+        for length in [first - 1, first, first + 1] {
+            // Directories of 200-byte names, then a file name that makes the path `length` long.
+            var path = dir + "/\(length)"
+            while length - path.count > 255 { path += "/" + String(repeating: "d", count: 200) }
+            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+            path += "/" + String(repeating: "x", count: length - path.count - 1)
+            #expect(path.utf8.count == length)
+            try copyProgram(sleep, to: path)
+            let child = try Child(path, ["64.\(getpid())"])
+            defer { child.stop() }
+            // posix_spawn returns once the child has exec'd: the link names the copy now.
+            #expect(CallerFacts.readExecutable(pid: child.pid) == path)
+            #expect(CallerFacts.readLocal(pid: child.pid)?.executable == path)
+        }
+        // Gone: nothing, whichever buffer.
+        #expect(CallerFacts.readExecutable(pid: Int32.max) == nil)
     }
 
     @Test func goneOrInvalidPidsGiveNothing() {

@@ -145,7 +145,7 @@ import KeyholdTestSupport
     @Test func allowedExecutableAdmitsOnlyThatProgram() throws {
         let b = try gatedFixture()
         let copy = b.directory + "/other-client"
-        try FileManager.default.copyItem(atPath: TestPaths.keyhold, toPath: copy)
+        try copyProgram(TestPaths.keyhold, to: copy)
         #expect(b.cli(["put", "pinned", "x", "--allow-exe", TestPaths.keyhold], stdin: Array("pv".utf8)).status == 0)
         expectSecret(b.cli(["get", "pinned", "x"]).stdoutText, equals: "pv")
         let other = runCommand(copy, ["--socket", b.socketPath, "get", "pinned", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: right)])

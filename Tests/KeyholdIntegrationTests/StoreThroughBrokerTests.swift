@@ -242,11 +242,11 @@ import KeyholdTestSupport
         let bin = TestPaths.temporaryDirectory("khbin")
         defer { try? FileManager.default.removeItem(atPath: bin) }
         chmod(bin, 0o755)
-        try FileManager.default.copyItem(atPath: TestPaths.keyholdd, toPath: bin + "/keyholdd")
+        try copyProgram(TestPaths.keyholdd, to: bin + "/keyholdd")
         let args = ["--state-dir", b.stateDirectory, "--socket", b.directory + "/x.sock"]
         let missing = runCommand(bin + "/keyholdd", args)
         #expect(missing.status != 0 && missing.stderr.contains("keyhold-pam-helper must be installed beside keyholdd"), "\(missing.stderr)")
-        try FileManager.default.copyItem(atPath: TestPaths.pamHelper, toPath: bin + "/keyhold-pam-helper")
+        try copyProgram(TestPaths.pamHelper, to: bin + "/keyhold-pam-helper")
         chmod(bin + "/keyhold-pam-helper", 0o775)
         let writable = runCommand(bin + "/keyholdd", args)
         #expect(writable.status != 0 && writable.stderr.contains("writable by another user"), "\(writable.stderr)")

@@ -50,3 +50,34 @@ public func expectSecret(_ actual: String?, equals expected: String?,
                          _ comment: Comment? = nil, sourceLocation: SourceLocation = #_sourceLocation) {
     expectSecret(actual?.utf8, equals: expected?.utf8, comment, sourceLocation: sourceLocation)
 }
+
+/// Copies the program at `source` to `destination` (which must not exist) with the source's
+/// permission bits, through close-on-exec descriptors. FileManager's copy holds the new file
+/// open for writing without `O_CLOEXEC`: a process another test spawns meanwhile inherits
+/// that descriptor, and running the copy then fails with "Text file busy" while it lives.
+public func copyProgram(_ source: String, to destination: String) throws {
+    let input = open(source, O_RDONLY | O_CLOEXEC)
+    guard input >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    defer { close(input) }
+    var st = stat()
+    guard fstat(input, &st) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    let output = open(destination, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, st.st_mode & 0o7777)
+    guard output >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+    defer { close(output) }
+    var buffer = [UInt8](repeating: 0, count: 1 << 16)
+    while true {
+        let n = buffer.withUnsafeMutableBytes { read(input, $0.baseAddress!, $0.count) }
+        if n < 0 && errno == EINTR { continue }
+        guard n >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+        if n == 0 { break }
+        var done = 0
+        while done < n {
+            let w = buffer.withUnsafeBytes { write(output, $0.baseAddress! + done, n - done) }
+            if w < 0 && errno == EINTR { continue }
+            guard w > 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+            done += w
+        }
+    }
+    // The mode again: open's was filtered by the umask.
+    guard fchmod(output, st.st_mode & 0o7777) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
+}

@@ -88,6 +88,8 @@ int ckh_eventfd_create(void);
 void ckh_eventfd_signal(int fd);
 void ckh_eventfd_drain(int fd);
 int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char header[4]);
+/* readlink of /proc/<pid>/exe into buf (not terminated): its length, or -1 with errno. */
+long ckh_read_exe_link(int pid, char *buf, unsigned long size);
 /* Sends without waiting: the bytes taken, or -errno. */
 long ckh_send_nowait(int fd, const void *buf, unsigned long len);
 
