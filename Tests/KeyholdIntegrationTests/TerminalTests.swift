@@ -2,6 +2,7 @@ import Foundation
 import Glibc
 import Testing
 import KeyholdTestSupport
+import CKeyholdOS
 
 /// The CLI on a real terminal (tmux): secrets typed without echo, prompts on /dev/tty, stdout
 /// carrying only the secret, Ctrl-C restoring the terminal.
@@ -21,6 +22,9 @@ import KeyholdTestSupport
             posix_spawn_file_actions_adddup2(&actions, null, 0)
             posix_spawn_file_actions_adddup2(&actions, fd, 1)
             posix_spawn_file_actions_adddup2(&actions, null, 2)
+            // The tmux server outlives this call: it must not keep another test's descriptor
+            // (a script being written, which could then not be run: "Text file busy").
+            _ = ckh_spawn_closefrom(&actions, 3)
             let argv = (["/usr/bin/tmux", "-L", server] + args).map { strdup($0) } + [nil]
             var pid: pid_t = 0
             let rc = posix_spawn(&pid, "/usr/bin/tmux", &actions, nil, argv, environ)
