@@ -1,6 +1,7 @@
 // Test support shared by the test targets: fixtures that start real services.
 import Foundation
 import Testing
+import KeyholdCore
 
 /// Runs `count` real threads at once (not GCD workers, whose pool is too small to block dozens
 /// at a time) and returns when all have finished.
@@ -70,13 +71,8 @@ public func copyProgram(_ source: String, to destination: String) throws {
         if n < 0 && errno == EINTR { continue }
         guard n >= 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
         if n == 0 { break }
-        var done = 0
-        while done < n {
-            let w = buffer.withUnsafeBytes { write(output, $0.baseAddress! + done, n - done) }
-            if w < 0 && errno == EINTR { continue }
-            guard w > 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
-            done += w
-        }
+        let code = buffer.withUnsafeBytes { DescriptorIO.writeAll(output, UnsafeRawBufferPointer(rebasing: $0[..<n])) }
+        guard code == 0 else { throw POSIXError(POSIXErrorCode(rawValue: code) ?? .EIO) }
     }
     // The mode again: open's was filtered by the umask.
     guard fchmod(output, st.st_mode & 0o7777) == 0 else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
