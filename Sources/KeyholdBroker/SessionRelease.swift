@@ -73,7 +73,9 @@ extension Session {
     }
 
     /// A release's entry and the writer's part of it, built once for either way of committing.
-    private struct PendingRelease {
+    /// A class, as `ReleaseRow` is: the closures that carry it to the leader and back hold one
+    /// reference instead of copying the entry's fields.
+    private final class PendingRelease {
         let record: AuditRecord
         let preopened: SecureBytes?
         let work: (VaultStore) throws(StoreError) -> Opened
