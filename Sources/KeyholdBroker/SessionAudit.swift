@@ -36,11 +36,12 @@ extension Session {
             for v in views {
                 if let until = request.until, v.time > until { reachedUntil = true; break }
                 // Only root sees the log's own numbering and MACs; a user, their own numbers.
-                infos.append(AuditEntryInfo(
-                    seq: v.ownSeq ?? v.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
+                let readable = AuditReadableFields(
+                    time: v.time, callerUID: v.callerUID, callerPID: v.callerPID, executable: v.executable,
                     operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
-                    decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome,
-                    mac: visibleTo == nil ? Hex.encode(v.mac) : "", previousMAC: ""))
+                    decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome)
+                infos.append(AuditEntryInfo(seq: v.ownSeq ?? v.seq, readable: readable,
+                                            mac: visibleTo == nil ? Hex.encode(v.mac) : "", previousMAC: ""))
             }
             for batch in BrokerMessage.auditBatches(infos) {
                 guard send(batch) else { return Response(.ok) }

@@ -23,12 +23,13 @@ enum AuditCommands {
     }
 
     static func json(_ e: AuditEntryInfo, withMACs: Bool) -> String {
+        let v = e.readable
         var pairs: [(String, JSON)] = [
-            ("seq", .number(e.seq)), ("time", .string(Time.iso8601(e.time))), ("uid", .number(Int64(e.uid))),
-            ("pid", .number(Int64(e.pid))), ("executable", .string(e.executable)), ("operation", .string(e.operation)),
-            ("item_id", e.itemID.map { .string($0) } ?? .null), ("service", e.service.map { .string($0) } ?? .null),
-            ("account", e.account.map { .string($0) } ?? .null), ("decision", .string(e.decision)),
-            ("method", .string(e.method)), ("reason", e.reason.map { .string($0) } ?? .null), ("outcome", .string(e.outcome)),
+            ("seq", .number(e.seq)), ("time", .string(Time.iso8601(v.time))), ("uid", .number(Int64(v.callerUID))),
+            ("pid", .number(Int64(v.callerPID))), ("executable", .string(v.executable)), ("operation", .string(v.operation)),
+            ("item_id", v.itemID.map { .string($0) } ?? .null), ("service", v.service.map { .string($0) } ?? .null),
+            ("account", v.account.map { .string($0) } ?? .null), ("decision", .string(v.decision)),
+            ("method", .string(v.method)), ("reason", v.reason.map { .string($0) } ?? .null), ("outcome", .string(v.outcome)),
         ]
         if withMACs {
             pairs.append(("prev_mac", .string(e.previousMAC)))
@@ -39,9 +40,14 @@ enum AuditCommands {
     }
 
     static func row(_ e: AuditEntryInfo) -> [String] {
-        let item = e.service.map { "\($0)/\(e.account ?? "")" } ?? "-"
-        return [String(e.seq), Time.iso8601(e.time), String(e.uid), String(e.pid), e.executable, e.operation, item,
-                e.decision, e.method, e.outcome, e.reason ?? ""]
+        let v = e.readable
+        return [String(e.seq), Time.iso8601(v.time), String(v.callerUID), String(v.callerPID), v.executable, v.operation,
+                item(v), v.decision, v.method, v.outcome, v.reason ?? ""]
+    }
+
+    /// The entry's item as a table shows it: SERVICE/ACCOUNT, or "-" for an entry without one.
+    static func item(_ v: AuditReadableFields) -> String {
+        v.service.map { "\($0)/\(v.account ?? "")" } ?? "-"
     }
 
     static func show(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {

@@ -104,7 +104,8 @@ enum Demo {
             var audit = [["SEQ", "OPERATION", "ITEM", "DECISION", "METHOD", "OUTCOME"]]
             try vault.auditEntries { entries in
                 for e in entries {
-                    audit.append([String(e.seq), e.operation, e.service.map { "\($0)/\(e.account ?? "")" } ?? "-", e.decision, e.method, e.outcome])
+                    let v = e.readable
+                    audit.append([String(e.seq), v.operation, AuditCommands.item(v), v.decision, v.method, v.outcome])
                 }
                 return true
             }

@@ -43,9 +43,10 @@ enum ExportFile {
               let m = o["mac"]?.string, mac(o["mac"]) != nil,
               let rowText = o["row"]?.string, rowText.utf8.count <= 2 * AuditExportRow.maxRowBytes,
               let row = Hex.decode(rowText) else { return nil }
-        return AuditEntryInfo(seq: seq, time: time, uid: uid32, pid: pid32, executable: executable, operation: operation,
-                              itemID: itemID, service: service, account: account, decision: decision, method: method,
-                              reason: reason, outcome: outcome, mac: m, previousMAC: prev, row: row)
+        let readable = AuditReadableFields(time: time, callerUID: uid32, callerPID: pid32, executable: executable,
+                                           operation: operation, itemID: itemID, service: service, account: account,
+                                           decision: decision, method: method, reason: reason, outcome: outcome)
+        return AuditEntryInfo(seq: seq, readable: readable, mac: m, previousMAC: prev, row: row)
     }
 
     private static func mac(_ v: JSONLine.Value?) -> [UInt8]? {

@@ -131,18 +131,19 @@ extension BrokerMessage {
     }
 
     static func fields(of e: AuditEntryInfo) -> [Field] {
+        let v = e.readable
         var f: [Field] = [
-            .number(AuditTag.seq, UInt64(bitPattern: e.seq)), .number(AuditTag.time, UInt64(bitPattern: e.time)),
-            .number(AuditTag.uid, UInt64(e.uid)), .number(AuditTag.pid, UInt64(UInt32(bitPattern: e.pid))),
-            .text(AuditTag.exe, e.executable), .text(AuditTag.op, e.operation), .text(AuditTag.decision, e.decision),
-            .text(AuditTag.method, e.method), .text(AuditTag.outcome, e.outcome), .text(AuditTag.mac, e.mac),
+            .number(AuditTag.seq, UInt64(bitPattern: e.seq)), .number(AuditTag.time, UInt64(bitPattern: v.time)),
+            .number(AuditTag.uid, UInt64(v.callerUID)), .number(AuditTag.pid, UInt64(UInt32(bitPattern: v.callerPID))),
+            .text(AuditTag.exe, v.executable), .text(AuditTag.op, v.operation), .text(AuditTag.decision, v.decision),
+            .text(AuditTag.method, v.method), .text(AuditTag.outcome, v.outcome), .text(AuditTag.mac, e.mac),
             .text(AuditTag.previousMAC, e.previousMAC),
         ]
-        if let v = e.itemID { f.append(.text(AuditTag.itemID, v)) }
-        if let v = e.service { f.append(.text(AuditTag.service, v)) }
-        if let v = e.account { f.append(.text(AuditTag.account, v)) }
-        if let v = e.reason { f.append(.text(AuditTag.reason, v)) }
-        if let v = e.row { f.append(Field(AuditTag.row, .bytes(v))) }
+        if let t = v.itemID { f.append(.text(AuditTag.itemID, t)) }
+        if let t = v.service { f.append(.text(AuditTag.service, t)) }
+        if let t = v.account { f.append(.text(AuditTag.account, t)) }
+        if let t = v.reason { f.append(.text(AuditTag.reason, t)) }
+        if let b = e.row { f.append(Field(AuditTag.row, .bytes(b))) }
         return f
     }
 
@@ -153,15 +154,16 @@ extension BrokerMessage {
               let pid = try e.number(AuditTag.pid), pid <= UInt64(UInt32.max) else {
             throw .malformed("bad audit entry")
         }
-        return AuditEntryInfo(
-            seq: Int64(bitPattern: seq), time: Int64(bitPattern: time), uid: UInt32(uid),
-            pid: Int32(bitPattern: UInt32(pid)), executable: try e.requiredText(AuditTag.exe),
-            operation: try e.requiredText(AuditTag.op), itemID: try e.text(AuditTag.itemID),
-            service: try e.text(AuditTag.service), account: try e.text(AuditTag.account),
-            decision: try e.requiredText(AuditTag.decision), method: try e.requiredText(AuditTag.method),
-            reason: try e.text(AuditTag.reason), outcome: try e.requiredText(AuditTag.outcome),
-            mac: try e.requiredText(AuditTag.mac), previousMAC: try e.requiredText(AuditTag.previousMAC),
-            row: try e.opaque(AuditTag.row, maxBytes: AuditExportRow.maxRowBytes))
+        let readable = AuditReadableFields(
+            time: Int64(bitPattern: time), callerUID: UInt32(uid), callerPID: Int32(bitPattern: UInt32(pid)),
+            executable: try e.requiredText(AuditTag.exe), operation: try e.requiredText(AuditTag.op),
+            itemID: try e.text(AuditTag.itemID), service: try e.text(AuditTag.service),
+            account: try e.text(AuditTag.account), decision: try e.requiredText(AuditTag.decision),
+            method: try e.requiredText(AuditTag.method), reason: try e.text(AuditTag.reason),
+            outcome: try e.requiredText(AuditTag.outcome))
+        return AuditEntryInfo(seq: Int64(bitPattern: seq), readable: readable, mac: try e.requiredText(AuditTag.mac),
+                              previousMAC: try e.requiredText(AuditTag.previousMAC),
+                              row: try e.opaque(AuditTag.row, maxBytes: AuditExportRow.maxRowBytes))
     }
 
     /// Decodes what the broker sent. The client checks it as strictly as the broker checks it.

@@ -163,51 +163,29 @@ public struct ItemInfo: Sendable, Equatable {
     }
 }
 
-/// One audit entry as a caller may see it.
+/// One audit entry as a caller may see it: what it says (the same fields an export row's
+/// readable part has) and where it sits in the chain.
 public struct AuditEntryInfo: Sendable, Equatable {
     public var seq: Int64
-    public var time: Int64
-    public var uid: UInt32
-    public var pid: Int32
-    public var executable: String
-    public var operation: String
-    public var itemID: String?
-    public var service: String?
-    public var account: String?
-    public var decision: String
-    public var method: String
-    public var reason: String?
-    public var outcome: String
+    public var readable: AuditReadableFields
     /// Hex MACs, so an export can be verified on its own.
     public var mac: String
     public var previousMAC: String
     /// Exports only: the canonical row bytes the MAC covers (at most `AuditExportRow.maxRowBytes`).
     public var row: [UInt8]?
-    public init(seq: Int64, time: Int64, uid: UInt32, pid: Int32, executable: String, operation: String, itemID: String?,
-                service: String?, account: String?, decision: String, method: String, reason: String?, outcome: String,
-                mac: String, previousMAC: String, row: [UInt8]? = nil) {
-        self.seq = seq; self.time = time; self.uid = uid; self.pid = pid; self.executable = executable
-        self.operation = operation; self.itemID = itemID; self.service = service; self.account = account
-        self.decision = decision; self.method = method; self.reason = reason; self.outcome = outcome
-        self.mac = mac; self.previousMAC = previousMAC; self.row = row
+    public init(seq: Int64, readable: AuditReadableFields, mac: String, previousMAC: String, row: [UInt8]? = nil) {
+        self.seq = seq; self.readable = readable; self.mac = mac; self.previousMAC = previousMAC; self.row = row
     }
 
     /// An exported entry as the wire carries it (MACs in hex).
     public init(_ r: AuditExportRow) {
-        let v = r.readable
-        self.init(seq: r.seq, time: v.time, uid: v.callerUID, pid: v.callerPID, executable: v.executable,
-                  operation: v.operation, itemID: v.itemID, service: v.service, account: v.account, decision: v.decision,
-                  method: v.method, reason: v.reason, outcome: v.outcome, mac: Hex.encode(r.mac),
-                  previousMAC: Hex.encode(r.previousMAC), row: r.row)
+        self.init(seq: r.seq, readable: r.readable, mac: Hex.encode(r.mac), previousMAC: Hex.encode(r.previousMAC), row: r.row)
     }
 
     /// The exported entry this describes; nil without row bytes or with MACs that are not hex.
     public var exportRow: AuditExportRow? {
         guard let row, let m = Hex.decode(mac), let p = Hex.decode(previousMAC) else { return nil }
-        return AuditExportRow(seq: seq, readable: AuditReadableFields(
-            time: time, callerUID: uid, callerPID: pid, executable: executable, operation: operation, itemID: itemID,
-            service: service, account: account, decision: decision, method: method, reason: reason, outcome: outcome),
-            row: row, previousMAC: p, mac: m)
+        return AuditExportRow(seq: seq, readable: readable, row: row, previousMAC: p, mac: m)
     }
 }
 

@@ -50,7 +50,7 @@ import KeyholdTestSupport
         }
         var reasons = Set<String>()
         try vault.auditEntries { batch in
-            for e in batch { if let r = e.reason { reasons.insert(r) } }
+            for e in batch { if let r = e.readable.reason { reasons.insert(r) } }
             return true
         }
         let missing = gets.filter { !reasons.contains($0) }
@@ -76,7 +76,7 @@ import KeyholdTestSupport
         for _ in 0..<100 {
             seen.removeAll()
             try vault.auditEntries(item: (service: "gone", account: "a")) { batch in
-                for e in batch { if let r = e.reason, r.hasPrefix("hung-up-") { seen.insert(r) } }
+                for e in batch { if let r = e.readable.reason, r.hasPrefix("hung-up-") { seen.insert(r) } }
                 return true
             }
             if seen.count == 8 { break }

@@ -187,10 +187,11 @@ import KeyholdTestSupport
     func mac(_ b: UInt8) -> [UInt8] { [UInt8](repeating: b, count: 32) }
 
     func exportRow(seq: Int64 = 1, row: [UInt8] = [1, 2, 3]) -> AuditEntryInfo {
-        AuditEntryInfo(seq: seq, time: 1_700_000_000_000_000, uid: 1000, pid: 42, executable: "/usr/bin/x", operation: "get",
-                       itemID: String(repeating: "ab", count: 16), service: "s", account: "a", decision: "granted",
-                       method: "password", reason: nil, outcome: "ok", mac: String(repeating: "0a", count: 32),
-                       previousMAC: String(repeating: "0b", count: 32), row: row)
+        AuditEntryInfo(seq: seq, readable: AuditReadableFields(
+                           time: 1_700_000_000_000_000, callerUID: 1000, callerPID: 42, executable: "/usr/bin/x", operation: "get",
+                           itemID: String(repeating: "ab", count: 16), service: "s", account: "a", decision: "granted",
+                           method: "password", reason: nil, outcome: "ok"),
+                       mac: String(repeating: "0a", count: 32), previousMAC: String(repeating: "0b", count: 32), row: row)
     }
 
     @Test func exportMessagesRoundTrip() throws {
@@ -224,7 +225,7 @@ import KeyholdTestSupport
     @Test func exportBatchesFitInFrames() throws {
         let big = String(repeating: "x", count: Limits.maxTextBytes)
         var row = exportRow(row: [UInt8](repeating: 7, count: AuditExportRow.maxRowBytes))
-        row.executable = big; row.service = big; row.account = big; row.reason = big
+        row.readable.executable = big; row.readable.service = big; row.readable.account = big; row.readable.reason = big
         let rows = Array(repeating: row, count: 20)
         let toBroker = ClientMessage.auditRowBatches(rows)
         let toClient = BrokerMessage.auditBatches(rows)
