@@ -34,13 +34,9 @@ extension Session {
             var infos: [AuditEntryInfo] = []
             var reachedUntil = false
             for v in views {
-                if let until = request.until, v.time > until { reachedUntil = true; break }
+                if let until = request.until, v.readable.time > until { reachedUntil = true; break }
                 // Only root sees the log's own numbering and MACs; a user, their own numbers.
-                let readable = AuditReadableFields(
-                    time: v.time, callerUID: v.callerUID, callerPID: v.callerPID, executable: v.executable,
-                    operation: v.operation, itemID: v.itemID?.description, service: v.service, account: v.account,
-                    decision: v.decision, method: v.method, reason: v.reason, outcome: v.outcome)
-                infos.append(AuditEntryInfo(seq: v.ownSeq ?? v.seq, readable: readable,
+                infos.append(AuditEntryInfo(seq: v.ownSeq ?? v.seq, readable: v.readable,
                                             mac: visibleTo == nil ? Hex.encode(v.mac) : "", previousMAC: ""))
             }
             for batch in BrokerMessage.auditBatches(infos) {

@@ -21,7 +21,7 @@ import KeyholdTestSupport
 
     /// The outcomes of `uid`'s `audit verify` entries, oldest first.
     static func verifyOutcomes(_ h: Harness, uid: UInt32) -> [String] {
-        h.broker.withStore { (try? $0.auditEntries(visibleTo: uid)) ?? [] }.filter { $0.operation == "audit-verify" }.map(\.outcome)
+        h.broker.withStore { (try? $0.auditEntries(visibleTo: uid)) ?? [] }.filter { $0.readable.operation == "audit-verify" }.map(\.readable.outcome)
     }
 
     /// Another thread holds the shared long-read reader (as another user's list page or search

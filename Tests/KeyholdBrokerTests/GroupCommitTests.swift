@@ -59,14 +59,14 @@ import KeyholdTestSupport
         /// ("first") is stored, and once the fault is dropped the next group of 8 commits and the
         /// chain verifies (9 entries).
         func expectOnlyTheHeldEntryThenRecovery(sourceLocation: SourceLocation = #_sourceLocation) throws {
-            let onDisk = try store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.reason) }
+            let onDisk = try store.withLock { s in try s.auditEntries(visibleTo: nil).compactMap(\.readable.reason) }
             #expect(onDisk == ["first"], sourceLocation: sourceLocation)
             try sql("DROP TRIGGER commit_fault")
             #expect(GroupCommitTests.burst(self, members: 8, marker: "after").allSatisfy { $0 }, sourceLocation: sourceLocation)
             #expect(try store.withLock { try $0.verifyAudit() } == .intact(count: 9), sourceLocation: sourceLocation)
         }
         func entries(reason marker: String) throws -> Int {
-            try store.withLock { s in try s.auditEntries(visibleTo: nil).filter { $0.reason?.hasPrefix(marker) == true }.count }
+            try store.withLock { s in try s.auditEntries(visibleTo: nil).filter { $0.readable.reason?.hasPrefix(marker) == true }.count }
         }
     }
 
@@ -144,7 +144,7 @@ import KeyholdTestSupport
             case nil: Issue.record("\(i): no outcome")
             }
         }
-        let stored: [String] = h.broker.withStore { store in (try? store.auditEntries(visibleTo: nil).compactMap(\.reason)) ?? [] }
+        let stored: [String] = h.broker.withStore { store in (try? store.auditEntries(visibleTo: nil).compactMap(\.readable.reason)) ?? [] }
         let expected: [String] = (0..<32).filter { $0 % 4 != 0 }.map { "o-\($0)" }
         #expect(Set(stored.filter { $0.hasPrefix("o-") }) == Set(expected))
         let verified = h.broker.withStore { store in try? store.verifyAudit() }

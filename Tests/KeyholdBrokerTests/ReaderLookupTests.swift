@@ -300,7 +300,7 @@ import KeyholdTestSupport
                 try source.search(owner: uid, attributes: ["service": "svc"], after: nil, limit: 500).items.map(\.id)
              },
              entries: h.broker.longRead { (source) throws(StoreError) in
-                try source.auditEntries(visibleTo: uid, since: nil, item: nil, afterSeq: nil, ownAfter: nil, limit: 10).map(\.operation)
+                try source.auditEntries(visibleTo: uid, since: nil, item: nil, afterSeq: nil, ownAfter: nil, limit: 10).map(\.readable.operation)
              },
              verified: h.broker.longRead { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil).verification })
         }

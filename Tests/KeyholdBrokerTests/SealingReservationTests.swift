@@ -34,7 +34,7 @@ import KeyholdTestSupport
         // The put let its reservation go.
         #expect(h.broker.sealing.reserve(uid))
         h.broker.sealing.release(uid)
-        let outcomes = h.broker.withStore { (try? $0.auditEntries(visibleTo: uid)) ?? [] }.filter { $0.operation == "put" }.map(\.outcome)
+        let outcomes = h.broker.withStore { (try? $0.auditEntries(visibleTo: uid)) ?? [] }.filter { $0.readable.operation == "put" }.map(\.readable.outcome)
         #expect(outcomes == ["busy", "ok"])
     }
 }

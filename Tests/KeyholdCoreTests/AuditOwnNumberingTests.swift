@@ -25,7 +25,7 @@ import Testing
                 #expect(rest.map(\.ownSeq) == whole.dropFirst(split + 1).map(\.ownSeq), "uid \(uid) after \(split)")
                 // With an item filter, as `audit --item` follows: the same entries, the same numbers.
                 let filtered = try store.auditEntries(visibleTo: uid, item: ("svc1", "acct"), afterSeq: last.seq, ownAfter: last.ownSeq)
-                let expected = whole.dropFirst(split + 1).filter { $0.service == "svc1" }
+                let expected = whole.dropFirst(split + 1).filter { $0.readable.service == "svc1" }
                 #expect(filtered.map(\.seq) == expected.map(\.seq) && filtered.map(\.ownSeq) == expected.map(\.ownSeq))
             }
         }

@@ -39,9 +39,9 @@ import Testing
         let store = try openStore(dir)
         let all = try store.auditEntries(visibleTo: nil)
         #expect(all.map(\.seq) == [1, 2, 3, 4, 5, 6])
-        #expect(all[2].service == "svc3" && all[2].account == "acct" && all[2].reason == "reason 3")
-        #expect(all[2].operation == "get" && all[2].decision == "granted" && all[2].method == "password" && all[2].outcome == "ok")
-        #expect(all[2].executable == "/usr/bin/kh-test-client" && all[2].callerPID == 4242 && all[2].detailsIntact)
+        #expect(all[2].readable.service == "svc3" && all[2].readable.account == "acct" && all[2].readable.reason == "reason 3")
+        #expect(all[2].readable.operation == "get" && all[2].readable.decision == "granted" && all[2].readable.method == "password" && all[2].readable.outcome == "ok")
+        #expect(all[2].readable.executable == "/usr/bin/kh-test-client" && all[2].readable.callerPID == 4242 && all[2].detailsIntact)
         // A user sees only their own requests.
         #expect(try store.auditEntries(visibleTo: 1000).map(\.seq) == [2, 4, 6])
         #expect(try store.auditEntries(visibleTo: 1001).map(\.seq) == [1, 3, 5])
@@ -50,7 +50,7 @@ import Testing
         #expect(try store.auditEntries(visibleTo: nil, item: ("svc5", "acct")).map(\.seq) == [5])
         #expect(try store.auditEntries(visibleTo: 1000, item: ("svc5", "acct")).isEmpty)
         #expect(try store.auditEntries(visibleTo: nil, since: Int64.max).isEmpty)
-        #expect(try store.auditEntries(visibleTo: nil, since: all[3].time).first.map { $0.seq <= 4 } == true)
+        #expect(try store.auditEntries(visibleTo: nil, since: all[3].readable.time).first.map { $0.seq <= 4 } == true)
         #expect(try store.auditEntries(visibleTo: nil, limit: 2).count == 2)
     }
 
@@ -61,8 +61,8 @@ import Testing
                                   audit: record(.put, service: "s", account: "a"))
         let entries = try store.auditEntries(visibleTo: nil)
         #expect(entries.count == 1)
-        #expect(entries[0].itemID == added.id)  // filled in by the store
-        #expect(entries[0].operation == "put")
+        #expect(entries[0].readable.itemID == added.id.description)  // filled in by the store
+        #expect(entries[0].readable.operation == "put")
     }
 
     @Test func editedFieldIsNamed() throws {

@@ -57,7 +57,7 @@ import KeyholdTestSupport
         let item = try #require(try reopened.item(owner: 1000, service: "svc", account: "acct"))
         #expect(item.generation == 2)
         try expectSecret(string(reopened.openSecret(item)), equals: "v2")
-        #expect(try reopened.auditEntries(visibleTo: nil).compactMap(\.reason).filter { $0.hasPrefix("undone") }.isEmpty)
+        #expect(try reopened.auditEntries(visibleTo: nil).compactMap(\.readable.reason).filter { $0.hasPrefix("undone") }.isEmpty)
     }
 
     /// Someone who could write vault.db while the vault was closed appended an entry beyond the

@@ -79,7 +79,7 @@ import KeyholdTestSupport
         store.close()
         let reopened = try openStore(dir)
         #expect(try reopened.verifyAudit() == .intact(count: 3))
-        #expect(try reopened.auditEntries(visibleTo: nil).compactMap(\.reason) == ["d", "e"])
+        #expect(try reopened.auditEntries(visibleTo: nil).compactMap(\.readable.reason) == ["d", "e"])
         let (head, last) = try GroupHeadTests.headAndNewest(dir)
         #expect(!head.isEmpty && head == last)
     }

@@ -71,6 +71,17 @@ extension VaultStore {
         return e.bytes
     }
 
+    /// The sealed names of entry `seq` (service, account, reason), opened under the attribute
+    /// key; nil when the box does not open under this entry's number or does not decode.
+    static func openDetails(seq: Int64, _ raw: [UInt8], key: AttributeKey) -> (service: String?, account: String?, reason: String?)? {
+        guard let box = try? SealedBox(combined: raw),
+              let plain = try? box.openAttributes(using: key, authenticating: detailsAD(seq: seq)) else { return nil }
+        var d = CanonicalDecoder(plain)
+        guard d.expect("details"), let service = d.optionalText(), let account = d.optionalText(),
+              let reason = d.optionalText(), d.isAtEnd else { return nil }
+        return (service, account, reason)
+    }
+
     /// Moves the audit head and re-tags the generation record with it (see
     /// VaultStore+Generation): `generationDigest` is the digest an item change is committing.
     func writeHead(seq: Int64, mac: [UInt8], generationDigest: [UInt8]? = nil) throws(DatabaseError) {
@@ -348,27 +359,21 @@ extension VaultStore {
                 while try s.step() {
                     let row = AuditRow(s)
                     let own = s.isNull(13) ? nil : s.int64(13)
-                    var service: String?, account: String?, reason: String?
-                    var intact = true
-                    if let raw = row.fields.details {
-                        if let box = try? SealedBox(combined: raw),
-                           let plain = try? box.openAttributes(using: attributeKey, authenticating: Self.detailsAD(seq: row.seq)) {
-                            var d = CanonicalDecoder(plain)
-                            if d.expect("details"),
-                               let sv = d.optionalText(), let ac = d.optionalText(), let rs = d.optionalText(), d.isAtEnd {
-                                service = sv; account = ac; reason = rs
-                            } else { intact = false }
-                        } else { intact = false }
-                    }
-                    if let item, service != item.service || account != item.account { continue }
+                    // Shown even when altered (`audit verify` says where): names that do not
+                    // open are left out and the entry marked, stored text is shown as it decodes.
+                    let details = row.fields.details.map { Self.openDetails(seq: row.seq, $0, key: attributeKey) }
+                    let names = details ?? (nil, nil, nil)
+                    if let item, names?.service != item.service || names?.account != item.account { continue }
+                    let f = row.fields
                     func text(_ b: [UInt8]) -> String { String(decoding: b, as: UTF8.self) }
-                    out.append(AuditEntryView(
-                        seq: row.seq, time: row.fields.time, callerUID: UInt32(truncatingIfNeeded: row.fields.uid),
-                        callerPID: Int32(truncatingIfNeeded: row.fields.pid), executable: text(row.fields.executable),
-                        operation: text(row.fields.operation), itemID: row.fields.itemID.flatMap { ItemID(bytes: $0) },
-                        service: service, account: account, decision: text(row.fields.decision),
-                        method: text(row.fields.method), reason: reason, outcome: text(row.fields.outcome),
-                        mac: row.mac, detailsIntact: intact, ownSeq: own))
+                    let readable = AuditReadableFields(
+                        time: f.time, callerUID: UInt32(truncatingIfNeeded: f.uid), callerPID: Int32(truncatingIfNeeded: f.pid),
+                        executable: text(f.executable), operation: text(f.operation),
+                        itemID: f.itemID.flatMap { ItemID(bytes: $0) }?.description,
+                        service: names?.service, account: names?.account, decision: text(f.decision),
+                        method: text(f.method), reason: names?.reason, outcome: text(f.outcome))
+                    out.append(AuditEntryView(seq: row.seq, readable: readable, mac: row.mac,
+                                              detailsIntact: names != nil, ownSeq: own))
                     if let limit, out.count >= limit { return }
                 }
             }

@@ -129,14 +129,10 @@ extension VaultStore {
     /// What a row says, readable: the sealed names opened under the attribute key. Nil when the
     /// names do not open or a stored value is not what the broker writes (ids, UTF-8, ranges).
     static func readable(seq: Int64, _ f: AuditFields, key: AttributeKey) -> AuditReadableFields? {
-        var service: String?, account: String?, reason: String?
+        var names: (service: String?, account: String?, reason: String?) = (nil, nil, nil)
         if let raw = f.details {
-            guard let box = try? SealedBox(combined: raw),
-                  let plain = try? box.openAttributes(using: key, authenticating: detailsAD(seq: seq)) else { return nil }
-            var d = CanonicalDecoder(plain)
-            guard d.expect("details"), let sv = d.optionalText(), let ac = d.optionalText(), let rs = d.optionalText(),
-                  d.isAtEnd else { return nil }
-            service = sv; account = ac; reason = rs
+            guard let opened = openDetails(seq: seq, raw, key: key) else { return nil }
+            names = opened
         }
         func text(_ b: [UInt8]) -> String? { String(validating: b, as: UTF8.self) }
         var itemID: String?
@@ -148,8 +144,8 @@ extension VaultStore {
               let executable = text(f.executable), let operation = text(f.operation), let decision = text(f.decision),
               let method = text(f.method), let outcome = text(f.outcome) else { return nil }
         return AuditReadableFields(time: f.time, callerUID: uid, callerPID: pid, executable: executable,
-                                   operation: operation, itemID: itemID, service: service, account: account,
-                                   decision: decision, method: method, reason: reason, outcome: outcome)
+                                   operation: operation, itemID: itemID, service: names.service, account: names.account,
+                                   decision: decision, method: method, reason: names.reason, outcome: outcome)
     }
 
     /// The header of an export of every entry after the chain's start (the checkpoint, or

@@ -108,21 +108,10 @@ public struct AuditRecord: Sendable, Equatable {
 /// A stored audit entry, decrypted for display.
 public struct AuditEntryView: Sendable, Equatable {
     public let seq: Int64
-    /// Microseconds since the epoch (UTC).
-    public let time: Int64
-    public let callerUID: UInt32
-    public let callerPID: Int32
-    public let executable: String
-    /// Stored names as text (an unknown name from a newer broker is shown, not dropped).
-    public let operation: String
-    public let itemID: ItemID?
-    public let service: String?
-    public let account: String?
-    public let decision: String
-    public let method: String
-    public let reason: String?
-    public let outcome: String
-    /// The entry's chain MAC (hex), so an export can be verified on its own.
+    /// What it says. Stored names as text (an unknown name from a newer broker is shown, not
+    /// dropped); service, account and reason nil when the entry has none or they did not open.
+    public let readable: AuditReadableFields
+    /// The entry's chain MAC, so an export can be verified on its own.
     public let mac: [UInt8]
     /// False when the sealed names failed to open (the row was altered); `audit verify` says where.
     public let detailsIntact: Bool
