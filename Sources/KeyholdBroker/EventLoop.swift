@@ -10,11 +10,11 @@ import KeyholdVault
 /// thread asleep in `poll`; a few workers take each next request as it comes. A worker answers
 /// only what cannot make it wait: a `get` wholly in the socket whose item the gate releases
 /// without a conversation. Its release goes to the group commit without waiting
-/// (`GroupCommit.submit`); the thread that commits it sends the answer, and the connection
-/// waits here again. Everything else (a request not yet wholly sent, any other operation, a
-/// prompt, an answer too large to send at once) goes to a thread with `Session`'s deadlines, as
-/// before, and comes back here after. Measured with the benchmark (docs/BENCHMARKS.md): no
-/// thread then sleeps between requests or waits for a commit.
+/// (`GroupCommit.submit`); the thread that commits it, or a worker it leaves the answer to,
+/// sends the answer, and the connection waits here again. Everything else (a request not yet
+/// wholly sent, any other operation, a prompt, an answer too large to send at once) goes to a
+/// thread with `Session`'s deadlines, as before, and comes back here after. Measured with the
+/// benchmark (docs/BENCHMARKS.md): no thread then sleeps between requests or waits for a commit.
 ///
 /// A connection here keeps the rules of one waiting on a thread: its uid's slot, the 1 s it may
 /// wait for a next request (a sweeper ends it), and `ConnectionSlots.makeRoom`, which ends its
@@ -24,8 +24,8 @@ final class EventLoop: Sendable {
     static let workers = 3
 
     private let epoll: Int32
-    /// Written when a finished leader leaves only submitted members queued (GroupCommit):
-    /// a free worker then leads them.
+    /// Written when a finished leader leaves only submitted members queued (GroupCommit): a
+    /// free worker then sends the answers that leader left, and leads them if it did not.
     private let leadWanted: Int32
     private let broker: Broker
     private let slots: ConnectionSlots
@@ -96,6 +96,7 @@ final class EventLoop: Sendable {
             guard ckh_epoll_wait_one(epoll, &id) == 1 else { continue }
             if id == 0 {
                 ckh_eventfd_drain(leadWanted)
+                broker.group.runLeftCompletions()
                 broker.group.leadIfQueued(withStore: { [broker] work in broker.withStore(work) })
                 continue
             }
