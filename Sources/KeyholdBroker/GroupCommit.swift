@@ -104,7 +104,7 @@ final class GroupCommit: @unchecked Sendable {
     /// `runLeftCompletions` and `leadIfQueued`. A leader whose group had completions leads the
     /// queued members at once and leaves those completions to that worker, so the next commit
     /// does not wait for a thread to wake and take the lead (measured: at 64 clients a third of
-    /// the writer's serial chain was such waiting; 64 clients about 9% more gets/s); one whose
+    /// the writer's serial chain was such waiting; 64 clients 7–9% more gets/s); one whose
     /// group had none hands the lead on. Without it, the finishing leader runs its completions,
     /// then leads again itself.
     private var leadElsewhere: (@Sendable () -> Void)?
