@@ -89,13 +89,13 @@ func splitMix64(_ state: inout UInt64) -> UInt64 {
         report("get throughput, \(clients) client\(clients == 1 ? "" : "s"): gets/s (x 1 client), p50 / p99",
                String(format: "%.0f (%.1fx) %@ / %@", r.perSecond, r.perSecond / single, ms(r.p50) as NSString, ms(r.p99) as NSString),
                target)
+        let ceiling = 2 / (brokerCPU + clientCPU)
         report("  CPU per get at \(clients): broker / client threads", String(format: "%.0f / %.0f us", brokerCPU * 1e6, clientCPU * 1e6),
                String(format: "(2 cores allow %.0f gets/s at this cost; machine idle %.0f%%, stolen by the host %.0f%%)",
-                      2 / (brokerCPU + clientCPU), machine.idle * 100, machine.steal * 100))
+                      ceiling, machine.idle * 100, machine.steal * 100))
         if clients == 64 {
             // What bounds the ratio here: the share of the cores' ceiling 64 clients reach holds
             // from run to run, the share that 8x one client needs moves with one client's fsync.
-            let ceiling = 2 / (brokerCPU + clientCPU)
             report("  64 clients against that ceiling: reached / needed for 8x 1 client",
                    String(format: "%.0f%% / %.0f%%", r.perSecond / ceiling * 100, 8 * single / ceiling * 100), "")
         }

@@ -36,9 +36,14 @@ extension VaultStore {
                     let row = AuditRow(s)
                     let own = s.isNull(13) ? nil : s.int64(13)
                     // Shown even when altered (`audit verify` says where): names that do not
-                    // open are left out and the entry marked, stored text is shown as it decodes.
-                    let details = row.fields.details.map { Self.openDetails(seq: row.seq, $0, key: attributeKey) }
-                    let names = details ?? (nil, nil, nil)
+                    // open are left out and the entry marked (nil), stored text is shown as it
+                    // decodes. An entry without sealed names has none to open.
+                    let names: (service: String?, account: String?, reason: String?)?
+                    if let raw = row.fields.details {
+                        names = Self.openDetails(seq: row.seq, raw, key: attributeKey)
+                    } else {
+                        names = (nil, nil, nil)
+                    }
                     if let item, names?.service != item.service || names?.account != item.account { continue }
                     let f = row.fields
                     func text(_ b: [UInt8]) -> String { String(decoding: b, as: UTF8.self) }
