@@ -57,6 +57,19 @@ import KeyholdTestSupport
         }
     }
 
+    /// A machine where fprintd was never installed: no print store at all.
+    @Test func noPrintStoreAtAllIsNoFingerEnrolled() throws {
+        let probe = try BrokerFixture()
+        probe.stop()
+        let b = try BrokerFixture(passwords: ["root": password], fprintStateDirectory: probe.directory + "/no-fprintd-here")
+        let put = b.cli(["put", "github.com", "alice", "--policy", "biometry-current-set or device-passcode"], stdin: Array("t".utf8))
+        #expect(put.status == 0, "\(put.stderr)")
+        let get = b.cli(["get", "github.com", "alice"], environment: ["KEYHOLD_ASKPASS": b.askpass(answering: password)])
+        #expect(get.status == 0 && get.stdout == Array("t".utf8), "\(get.stderr)")
+        let alone = b.cli(["put", "fp", "x", "--policy", "biometry-current-set"], stdin: Array("t".utf8))
+        #expect(alone.status == 6 && alone.stderr.contains("no finger is enrolled"), "\(alone.stderr)")
+    }
+
     @Test func aPolicyThatNeedsAFingerStillFailsClearly() throws {
         try withFprintEnvironment { fp in
             let b = try broker(fp)

@@ -1,3 +1,4 @@
+import Glibc
 import KeyholdAuth
 import KeyholdCore
 
@@ -14,16 +15,16 @@ extension ReleaseGate {
     /// alternative a person can satisfy without one (`biometry-current-set or device-passcode`,
     /// `… or user-presence`) is bound to the empty set, as the `or` promises; a policy that
     /// needs a finger (`biometry-current-set` alone, `… and …`, only biometric alternatives)
-    /// is refused, as it could never be opened. An enrolment that cannot be read refuses.
+    /// is refused, as it could never be opened. No print store at all (fprintd was never
+    /// installed) is no finger enrolled; a store that cannot be read otherwise refuses.
     func biometryBinding(for policy: Policy, user: String?) -> Result<[UInt8]?, Denial> {
         guard policy.bindsBiometrySet else { return .success(nil) }
-        switch domainState(user: user) {
-        case .enrolled(_, let digest):
-            return .success(digest.bytes)
-        case .noneEnrolled where policy.combinator == .or && policy.constraints.contains(where: { !$0.isBiometric }):
+        let state = domainState(user: user)
+        if case .enrolled(_, let digest) = state { return .success(digest.bytes) }
+        let noFinger = state == .noneEnrolled || (access(fprintStateDirectory, F_OK) != 0 && errno == ENOENT)
+        if noFinger && policy.combinator == .or && policy.constraints.contains(where: { !$0.isBiometric }) {
             return .success(Self.emptyEnrolment)
-        case .noneEnrolled, .unreadable:
-            return .failure(Denial(.authenticationFailed, "no finger is enrolled for this account"))
         }
+        return .failure(Denial(.authenticationFailed, "no finger is enrolled for this account"))
     }
 }
