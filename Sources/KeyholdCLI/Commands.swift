@@ -143,8 +143,9 @@ public enum KeyholdCommand {
                 : "; without a terminal, set KEYHOLD_ASKPASS to a program that asks (see keyhold help get)"
         default: text = error.description
         }
+        // A usage error is about the arguments, not the item.
         let itemCommands: Set = ["put", "get", "rm", "state", "rotate"]
-        guard itemCommands.contains(c.name), c.positionals.count == 2 else { return text }
+        guard itemCommands.contains(c.name), c.positionals.count == 2, error.outcome != .usage else { return text }
         return "\(c.positionals[0]) / \(c.positionals[1]): " + text
     }
 

@@ -15,4 +15,9 @@ if let answer = KeyholdVersion.standardAnswer(arguments, program: "docker-creden
     print(answer, terminator: "")
     exit(0)
 }
+// The protocol's own `version` action, with the one version number.
+if arguments == ["version"] {
+    print("docker-credential-keyhold (Keyhold) \(KeyholdVersion.string)")
+    exit(0)
+}
 exit(DockerCredentialHelper.main(arguments))

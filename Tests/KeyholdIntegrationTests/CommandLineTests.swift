@@ -24,7 +24,8 @@ import KeyholdTestSupport
             }
         }
         // The docker protocol's own `version` action names it too.
-        #expect(runCommand(TestPaths.products + "/docker-credential-keyhold", ["version"]).status == 0)
+        let dockerVersion = runCommand(TestPaths.products + "/docker-credential-keyhold", ["version"])
+        #expect(dockerVersion.status == 0 && dockerVersion.stdoutText == "docker-credential-keyhold (Keyhold) \(KeyholdVersion.string)\n")
         // `keyhold secret-service --help` reaches the agent's help (the command execs it).
         let agent = runCommand(TestPaths.keyhold, ["secret-service", "--help"])
         #expect(agent.status == 0 && agent.stdoutText.hasPrefix("usage: keyhold-secret-service"), "\(agent.stderr)")
@@ -85,6 +86,12 @@ import KeyholdTestSupport
         #expect(missing.status == 3 && missing.stderr == "keyhold: github.com / alice: not found\n", "\(missing.stderr)")
         let rm = b.cli(["rm", "github.com", "bob"])
         #expect(rm.status == 3 && rm.stderr == "keyhold: github.com / bob: not found\n", "\(rm.stderr)")
+        let duplicate = b.cli(["put", "github.com", "carol"], stdin: [1])
+        #expect(duplicate.status == 0 && b.cli(["put", "github.com", "carol"], stdin: [1]).stderr
+                == "keyhold: github.com / carol: an item with this service and account already exists\n")
+        // A usage error is about the arguments: no item named.
+        let usage = b.cli(["put", "github.com", "dave", "--reuse", "9999"], stdin: [1])
+        #expect(usage.status == 2 && usage.stderr.hasPrefix("keyhold: --reuse"), "\(usage.stderr)")
 
         // No terminal, no askpass: the way to answer prompts anyway is named.
         #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: [1]).status == 0)

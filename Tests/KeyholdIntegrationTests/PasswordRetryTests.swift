@@ -83,4 +83,20 @@ import KeyholdTestSupport
         #expect(second.status == 9 && second.stdout.isEmpty, "\(second.stderr)")
         #expect(pamRuns(log) == 5, "no PAM run for a guess past the lockout")
     }
+
+    /// A person at a terminal mistypes, is told so, and types it right: one `get`.
+    @Test func aMistypedPasswordOnTheTerminalIsAskedAgain() throws {
+        let (b, log, probe) = try gatedItem("tty-retry-secret")
+        defer { withExtendedLifetime(probe) {} }
+        let tmux = TerminalTests.Tmux()
+        let out = b.directory + "/out"
+        tmux.start("/bin/sh -c 'unset KEYHOLD_ASKPASS; \(TestPaths.keyhold) --socket \(b.socketPath) get gated x > \(out); echo get=$?; sleep 30'")
+        #expect(tmux.waitFor("Password:"), "\(tmux.screen)")
+        tmux.keys("mistyped", "Enter")
+        #expect(tmux.waitFor("Sorry, try again."), "\(tmux.screen)")
+        tmux.keys("right-password", "Enter")
+        #expect(tmux.waitFor("get=0"), "\(tmux.screen)")
+        try expectSecret(String(contentsOfFile: out, encoding: .utf8), equals: "tty-retry-secret")
+        #expect(pamRuns(log) == 2)
+    }
 }
