@@ -43,7 +43,7 @@ public struct CommandSpec: Sendable {
         if name == RotateCommand.spec.name { words.append("-- COMMAND [ARGS...]") }
         let head = "usage: keyhold \(name)"
         let wrapped = TextWidth.usageWords(words, width: width, firstIndent: head.count + 1)
-        var text = head + (wrapped.hasPrefix("\n") ? "" : " ") + wrapped + "\n\n"
+        var text = head + (wrapped.isEmpty || wrapped.hasPrefix("\n") ? "" : " ") + wrapped + "\n\n"
         text += TextWidth.wrap(summary, width: width) + "\n"
         let leftWidth = min(28, max(16, width / 3))
         if !options.isEmpty {
