@@ -1,3 +1,5 @@
+import KeyholdCore
+
 /// Hand-written argument parsing for `keyhold` (no outside packages may be fetched). Small on
 /// purpose: commands with positionals, `--option VALUE` / `--option=VALUE`, flags, repeatable
 /// options, `--` to end options, and `--help` everywhere.
@@ -32,21 +34,30 @@ public struct CommandSpec: Sendable {
         self.subcommands = subcommands
     }
 
-    public var usage: String {
-        var line = "usage: keyhold \(name)"
-        for p in positionals { line += " \(p)" }
-        for o in options { line += o.value.map { " [\(o.name) \($0)]" } ?? " [\(o.name)]" }
-        var text = line + "\n\n" + summary + "\n"
+    /// The command's help, filled to the terminal's width (`TextWidth.help`): nothing cut.
+    public var usage: String { usage(width: TextWidth.help) }
+
+    public func usage(width: Int) -> String {
+        var words = positionals
+        for o in options { words.append(o.value.map { "[\(o.name) \($0)]" } ?? "[\(o.name)]") }
+        if name == RotateCommand.spec.name { words.append("-- COMMAND [ARGS...]") }
+        let head = "usage: keyhold \(name)"
+        let wrapped = TextWidth.usageWords(words, width: width, firstIndent: head.count + 1)
+        var text = head + (wrapped.isEmpty || wrapped.hasPrefix("\n") ? "" : " ") + wrapped + "\n\n"
+        text += TextWidth.wrap(summary, width: width) + "\n"
+        let leftWidth = min(28, max(16, width / 3))
         if !options.isEmpty {
             text += "\n"
             for o in options {
                 let left = o.value.map { "\(o.name) \($0)" } ?? o.name
-                text += "  " + left.padded(to: 24) + o.help + (o.repeatable ? " (repeatable)" : "") + "\n"
+                text += TextWidth.entry(left, leftWidth: leftWidth, o.help + (o.repeatable ? " (repeatable)" : ""), width: width)
             }
         }
         if !subcommands.isEmpty {
             text += "\n"
-            for s in subcommands { text += "  keyhold \(s.name)".padded(to: 26) + s.summary.split(separator: "\n").first.map(String.init)! + "\n" }
+            for s in subcommands {
+                text += TextWidth.entry("keyhold \(s.name)", leftWidth: leftWidth, firstSentence(s.summary), width: width)
+            }
         }
         return text
     }
@@ -107,6 +118,7 @@ public struct ArgumentParser: Sendable {
         while i < arguments.count, arguments[i].hasPrefix("-") {
             let (name, inline) = Self.split(arguments[i])
             if name == "--help" || name == "-h" { throw .help(mainUsage) }
+            if name == "--version" { throw .help("keyhold \(KeyholdVersion.string)\n") }
             guard let spec = globalOptions.first(where: { $0.name == name }) else {
                 throw .unknownOption(command: "keyhold", option: name)
             }
@@ -119,6 +131,7 @@ public struct ArgumentParser: Sendable {
             i += 1
         }
         guard i < arguments.count else { throw .noCommand }
+        if arguments[i] == "help" { throw .help(try help(Array(arguments[(i + 1)...]))) }
         guard var spec = commands.first(where: { $0.name == arguments[i] }) else { throw .unknownCommand(arguments[i]) }
         i += 1
         // `audit verify`, `audit export`, …: a sub-command word right after the command.
@@ -170,13 +183,40 @@ public struct ArgumentParser: Sendable {
         return ParsedCommand(name: spec.name, positionals: positionals, values: values, flags: flags)
     }
 
-    public var mainUsage: String {
-        var text = "usage: keyhold"
-        for o in globalOptions { text += o.value.map { " [\(o.name) \($0)]" } ?? " [\(o.name)]" }
-        text += " COMMAND ...\n\n\(overview)\n\ncommands:\n"
-        for c in commands { text += "  " + c.name.padded(to: 12) + (c.summary.split(separator: "\n").first.map(String.init) ?? "") + "\n" }
-        text += "\nRun 'keyhold COMMAND --help' for a command's options.\n"
+    /// `keyhold --help`: every command with the first sentence of its summary, whole.
+    public var mainUsage: String { mainUsage(width: TextWidth.help) }
+
+    public func mainUsage(width: Int) -> String {
+        var words = globalOptions.map { o in o.value.map { "[\(o.name) \($0)]" } ?? "[\(o.name)]" }
+        words += ["COMMAND", "[ARGS...]"]
+        var text = "usage: keyhold " + TextWidth.usageWords(words, width: width, firstIndent: 15) + "\n"
+        text += "       keyhold help [COMMAND]\n       keyhold --version\n\n"
+        text += TextWidth.wrap(overview, width: width) + "\n\ncommands:\n"
+        let leftWidth = min(18, max(16, width / 4))
+        for c in commands { text += TextWidth.entry(c.name, leftWidth: leftWidth, firstSentence(c.summary), width: width) }
+        text += TextWidth.entry("help", leftWidth: leftWidth, "Shows this overview, or a command's options: keyhold help COMMAND.", width: width)
+        text += "\noptions:\n"
+        for o in globalOptions {
+            text += TextWidth.entry(o.value.map { "\(o.name) \($0)" } ?? o.name, leftWidth: leftWidth, o.help, width: width)
+        }
+        text += TextWidth.entry("--version", leftWidth: leftWidth, "prints the version and exits", width: width)
+        text += "\n" + TextWidth.wrap("Run 'keyhold help COMMAND' (or 'keyhold COMMAND --help') for a command's options.", width: width) + "\n"
         return text
+    }
+
+    /// `keyhold help [COMMAND [SUBCOMMAND]]`: the overview, or that command's help.
+    func help(_ words: [String]) throws(ArgumentError) -> String {
+        guard let first = words.first else { return mainUsage }
+        guard words.count <= 2, var spec = commands.first(where: { $0.name == first }) else {
+            throw .unknownCommand(words.joined(separator: " "))
+        }
+        if words.count == 2 {
+            guard let sub = spec.subcommands.first(where: { $0.name == "\(first) \(words[1])" }) else {
+                throw .unknownCommand(words.joined(separator: " "))
+            }
+            spec = sub
+        }
+        return spec.usage
     }
 
     static func split(_ arg: String) -> (String, String?) {

@@ -63,12 +63,12 @@ enum AuditCommands {
                 if !printedHeader { Output.out(header.joined(separator: "\t") + "\n"); printedHeader = true }
                 for e in entries { Output.out(row(e).map { Printable.escape($0) }.joined(separator: "\t") + "\n") }
             } else {
-                Output.out(Output.table((printedHeader ? [] : [header]) + entries.map(row)))
+                Output.out(Output.table((printedHeader ? [] : [header]) + entries.map(row), width: TextWidth.table))
                 printedHeader = true
             }
             return true
         }
-        if !asJSON && !printedHeader { Output.out(Output.table([header])) }
+        if !asJSON && !printedHeader { Output.out(Output.table([header], width: TextWidth.table)) }
     }
 
     static func verify(_ vault: Vault) throws(KeyholdError) -> Int32 {

@@ -63,6 +63,15 @@ public enum KeyholdCommand {
                     OptionSpec("--until", value: "TIME", help: "entries up to TIME (required)"),
                 ], summary: "Removes entries up to TIME, leaving a checkpoint. Root only."),
             ]),
+            CommandSpec("secret-service", options: [
+                OptionSpec("--default-policy", value: "EXPR", help: "the policy of items created through D-Bus (default none)"),
+                OptionSpec("--reuse", value: "SECONDS", help: "the reuse window of those items (default 60)"),
+                OptionSpec("--replace", help: "take org.freedesktop.secrets over from the program that owns it"),
+            ], summary: """
+                Runs the Secret Service agent (keyhold-secret-service) on your session bus, so
+                secret-tool, python keyring and desktop apps keep their secrets in the vault. It
+                holds no key: every call goes to the broker as you.
+                """),
             CommandSpec("demo", options: [
                 OptionSpec("--non-interactive", help: "answer the demo prompt through an askpass program"),
             ], summary: "Starts a broker on a temporary vault, stores, reads, lists and audits; then cleans up."),
@@ -107,10 +116,37 @@ public enum KeyholdCommand {
             default: throw .invalidRequest("unknown command")
             }
         } catch {
-            Output.err(error.description)
+            Output.err(message(error, command: c, socket: parsed.globals["--socket"]))
             return Int32(error.outcome.rawValue)
         }
         return 0
+    }
+
+    /// The error line for a failed command: it names the item the command is about, says how
+    /// to start a broker that is not running, and how to answer prompts without a terminal.
+    static func message(_ error: KeyholdError, command c: ParsedCommand, socket: String?) -> String {
+        var text: String
+        switch error {
+        case .notFound: text = "not found"
+        case .brokerUnavailable(let why):
+            text = error.description
+            // connect(2) said no socket file, or nobody listening on it: no broker runs there.
+            let notRunning = [ENOENT, ECONNREFUSED].contains { why.hasSuffix(": " + String(cString: strerror($0))) }
+            if notRunning {
+                text += "; keyholdd is not running (start it: sudo systemctl start keyholdd"
+                text += socket == nil && getenv("KEYHOLD_SOCKET") == nil ? ")" : "; or check --socket / KEYHOLD_SOCKET)"
+            }
+            return text
+        case .interactionNotAllowed:
+            text = error.description
+            text += c.flag("--no-interaction") ? " (--no-interaction)"
+                : "; without a terminal, set KEYHOLD_ASKPASS to a program that asks (see keyhold help get)"
+        default: text = error.description
+        }
+        // A usage error is about the arguments, not the item.
+        let itemCommands: Set = ["put", "get", "rm", "state", "rotate"]
+        guard itemCommands.contains(c.name), c.positionals.count == 2, error.outcome != .usage else { return text }
+        return "\(c.positionals[0]) / \(c.positionals[1]): " + text
     }
 
     static func put(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {
@@ -207,6 +243,10 @@ public enum KeyholdCommand {
         defer { secret.wipe() }
         let ok = secret.withUnsafeBytes { DescriptorIO.writeAll(1, $0) == 0 }
         if !ok { throw .other("could not write the secret to standard output") }
+        // On a terminal a newline keeps the prompt off the secret's line; a pipe or a file
+        // gets the stored bytes exactly.
+        let endsInNewline = secret.withUnsafeBytes { $0.last == UInt8(ascii: "\n") }
+        if isatty(1) != 0 && !endsInNewline { Output.out("\n") }
     }
 
     static func list(_ vault: Vault, json: Bool) throws(KeyholdError) {
@@ -233,7 +273,7 @@ public enum KeyholdCommand {
             rows.append([i.service, i.account, i.kind.name, i.policy, String(i.generation),
                          i.expires.map { Time.iso8601($0) } ?? "-", i.label] + (withAttributes ? [ListAttributes.text(i)] : []))
         }
-        Output.out(Output.table(rows))
+        Output.out(Output.table(rows, width: TextWidth.table))
     }
 
     static func state(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) {

@@ -12,20 +12,49 @@ enum Output {
     static func write(_ fd: Int32, _ text: String) { DescriptorIO.writeAll(fd, text) }
 
     /// Columns padded to their widest cell. Every cell is escaped so a crafted service name,
-    /// reason or executable cannot rewrite the terminal.
-    static func table(_ rows: [[String]]) -> String {
+    /// reason or executable cannot rewrite the terminal. With a `width` (the terminal's), the
+    /// widest columns are narrowed until a row fits and a longer cell ends in `…`; `--json`
+    /// has every value whole.
+    static func table(_ rows: [[String]], width: Int? = nil) -> String {
         let clean = rows.map { $0.map { Printable.escape($0) } }
         var widths = [Int](repeating: 0, count: clean.first?.count ?? 0)
         for r in clean { for (i, cell) in r.enumerated() { widths[i] = max(widths[i], cell.count) } }
+        if let width { widths = fitted(widths, into: width) }
         var out = ""
         for r in clean {
             var line = ""
             for (i, cell) in r.enumerated() {
-                line += i == r.count - 1 ? cell : cell.padded(to: widths[i] + 1)
+                let shown = cut(cell, to: widths[i])
+                line += i == r.count - 1 ? shown : shown.padded(to: widths[i] + 1)
             }
             out += line + "\n"
         }
         return out
+    }
+
+    /// Column widths capped at the largest common cap that fits `total` columns with one space
+    /// between columns; narrow columns keep their width. No column goes below 4 (a row may
+    /// then still be wider than a very narrow terminal).
+    static func fitted(_ widths: [Int], into total: Int) -> [Int] {
+        let budget = total - max(0, widths.count - 1)
+        func sum(_ cap: Int) -> Int { widths.reduce(0) { $0 + min($1, cap) } }
+        guard sum(Int.max) > budget else { return widths }
+        var cap = widths.max() ?? 0
+        while cap > 4 && sum(cap) > budget { cap -= 1 }
+        // What the cap left unused goes back to the capped columns, left to right.
+        var spare = budget - sum(cap)
+        return widths.map { w in
+            guard w > cap, spare > 0 else { return min(w, cap) }
+            let extra = min(spare, w - cap)
+            spare -= extra
+            return cap + extra
+        }
+    }
+
+    /// `cell` when it fits `width` characters, else its start and `…`.
+    static func cut(_ cell: String, to width: Int) -> String {
+        guard cell.count > width else { return cell }
+        return String(cell.prefix(max(0, width - 1))) + "…"
     }
 }
 

@@ -13,6 +13,19 @@ import KeyholdVault
 // Defaults: 100,000 items, 1,000,000 audit entries.
 
 let args = CommandLine.arguments
+let help = """
+    usage: keyhold-bench [--items N] [--audit-entries N] | --throughput-only | --search-only
+                         | --tpm-cost-only | --verify-state DIR [--repeat N]
+                         | --fill-state DIR --owner UID --from A --to B | --seed-audit DIR --entries N
+
+    Latency, throughput, size and memory of a real broker on a temporary vault (defaults:
+    100,000 items, 1,000,000 audit entries); prints a table. Run from a release build
+    (scripts/bench.sh); docs/BENCHMARKS.md says what each row means.
+    """
+if let answer = KeyholdVersion.standardAnswer(Array(args.dropFirst()), program: "keyhold-bench", help: help) {
+    print(answer, terminator: "")
+    exit(0)
+}
 func option(_ name: String, _ fallback: Int) -> Int {
     guard let i = args.firstIndex(of: name), i + 1 < args.count, let v = Int(args[i + 1]) else { return fallback }
     return v

@@ -1,5 +1,12 @@
+import Glibc
 import KeyholdBroker
+import KeyholdCore
 
 // keyholdd: the broker daemon. Each PAM transaction runs in keyhold-pam-helper, found next
 // to this executable (see KeyholdAuth/PAMHelperProcess.swift).
-BrokerMain.run(arguments: Array(CommandLine.arguments.dropFirst()))
+let arguments = Array(CommandLine.arguments.dropFirst())
+if arguments.first == "--version" {
+    print(KeyholdVersion.line("keyholdd"), terminator: "")
+    exit(0)
+}
+BrokerMain.run(arguments: arguments)

@@ -168,7 +168,8 @@ import KeyholdTestSupport
         #expect(right.prompts == [.authentication])
         let wrong = Script(answers: ["wrong horse"])
         #expect(Self.outcome(Self.gate(Self.asks).authorize(item, caller: Self.caller(), request: Self.request(), via: wrong, store: vault)) == .authenticationFailed)
-        #expect(wrong.prompts == [.authentication])
+        // Asked once more (a mistyped password's retry); no second answer: the one failure stands.
+        #expect(wrong.prompts == [.authentication, .authentication])
         #expect(try vault.failures() == 1)
         // The person walks away at the prompt: canceled, and the attempt stays counted.
         let gone = Script(answers: [nil])

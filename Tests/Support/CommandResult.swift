@@ -19,16 +19,20 @@ public func runCommand(_ path: String, _ arguments: [String], stdin: [UInt8] = [
     let p = Process()
     var args = arguments
     var exe = path
+    var extra = environment
     if let user = asUser {
-        // setpriv drops to the user; the command itself then runs unprivileged.
-        args = ["--reuid=\(user)", "--regid=\(user)", "--init-groups", "--", path] + arguments
+        // setpriv drops to the user; the command itself then runs unprivileged, so the fixture
+        // files it names are given as copies it can read (ReadableCopies).
+        args = ["--reuid=\(user)", "--regid=\(user)", "--init-groups", "--", ReadableCopies.forOtherUsers(path)]
+            + arguments.map(ReadableCopies.forOtherUsers)
         exe = "/usr/bin/setpriv"
+        extra = extra.mapValues(ReadableCopies.forOtherUsers)
     }
     p.executableURL = URL(fileURLWithPath: "/usr/bin/setsid")
     p.arguments = ["-w", exe] + args
     var env = ProcessInfo.processInfo.environment
     env.removeValue(forKey: "KEYHOLD_ASKPASS")
-    for (k, v) in environment { env[k] = v }
+    for (k, v) in extra { env[k] = v }
     p.environment = env
     let inPipe = Pipe(), outPipe = Pipe(), errPipe = Pipe()
     p.standardInput = inPipe

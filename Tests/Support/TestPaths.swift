@@ -9,7 +9,9 @@ public let ignoreBrokenPipes: Void = { signal(SIGPIPE, SIG_IGN); return () }()
 
 /// Where the built products and the repository are, seen from a test process.
 public enum TestPaths {
-    /// The directory holding `keyholdd` and `keyhold` (next to the test bundle).
+    /// The directory holding `keyholdd` and `keyhold` (next to the test bundle), or, when the
+    /// checkout sits where other users cannot reach it (a 0700 home, a `mktemp -d` folder), a
+    /// copy of the programs where they can: the unprivileged test users run them too.
     public static let products: String = {
         ignoreBrokenPipes
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
@@ -18,7 +20,7 @@ public enum TestPaths {
         while !FileManager.default.fileExists(atPath: dir.appendingPathComponent("keyholdd").path), dir.path != "/" {
             dir = dir.deletingLastPathComponent()
         }
-        return dir.path
+        return ReadableCopies.programs(in: dir.path)
     }()
 
     public static var keyholdd: String { products + "/keyholdd" }

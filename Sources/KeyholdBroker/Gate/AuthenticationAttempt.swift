@@ -24,14 +24,19 @@ final class AuthenticationLedger: Sendable {
         }
         // From here the slot is the attempt's: released when it goes away, whatever happens.
         let attempt = AuthenticationAttempt(uid: uid, store: store, ledger: self)
+        return Self.countFailure(uid: uid, store: store, now: now).map { attempt }
+    }
+
+    /// Writes one failure ahead of the guess it stands for, unless the uid is locked out.
+    static func countFailure(uid: UInt32, store: any LockoutStore, now: Int64) -> Result<Void, Denial> {
         var lockedFor: UInt64?
         let written = store.updateLockout(uid: uid) { current in
             lockedFor = ReleaseGate.lockoutLeft(current, now: now)
             return lockedFor == nil ? ReleaseGate.afterFailure(current, now: now) : nil
         }
-        guard case .success = written else { return .failure(Self.unrecorded) }
+        guard case .success = written else { return .failure(unrecorded) }
         if let left = lockedFor { return .failure(Denial(.lockedOut, nil, secondsLeft: left)) }
-        return .success(attempt)
+        return .success(())
     }
 
     fileprivate func release(_ uid: UInt32) {
@@ -49,6 +54,12 @@ final class AuthenticationAttempt: Sendable {
         self.uid = uid
         self.store = store
         self.ledger = ledger
+    }
+
+    /// One more guess within this attempt (a password tried again in the same request),
+    /// counted before PAM checks it, as the first was; refused once the uid is locked out.
+    func countAnother(now: Int64) -> Result<Void, Denial> {
+        AuthenticationLedger.countFailure(uid: uid, store: store, now: now)
     }
 
     /// Gives the attempt back: the uid's count starts again. False when that could not be

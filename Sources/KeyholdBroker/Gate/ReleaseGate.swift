@@ -267,7 +267,7 @@ final class ReleaseGate: Sendable {
 
         if needsPAM, let attempt {
             for stack in stacks {
-                switch runPAM(stack, user: user, caller: caller, via: conversation) {
+                switch runPAMWithRetries(stack, user: user, caller: caller, attempt: attempt, via: conversation) {
                 case .failure(let d): return .failure(d)
                 case .success(let factor): method = method.adding(factor)
                 }
@@ -282,17 +282,23 @@ final class ReleaseGate: Sendable {
         Announcement(executable: caller.executable, pid: caller.pid, service: service, account: account, reason: request.reason)
     }
 
-    /// One PAM stack through the conversation; the factor it proved, or the denial.
-    func runPAM(_ stack: Stack, user: String, caller: Caller, via conversation: some Conversation) -> Result<AuthMethod.Factor, Denial> {
+    /// One PAM stack through the conversation; the factor it proved, or the denial. `password`
+    /// (the passcode stack) notes the first hidden prompt and its answer, and gives a retried
+    /// password already asked for (PasswordTries.swift).
+    func runPAM(_ stack: Stack, user: String, caller: Caller, via conversation: some Conversation,
+                password: PasswordTry? = nil) -> Result<AuthMethod.Factor, Denial> {
         let request = PAMRequest(service: stack.rawValue, user: user, ruser: user, tty: caller.tty, rhost: caller.remoteHost)
         let result = authenticator.authenticate(request, allowInteraction: true, interruptFD: conversation.interruptFD) { message in
             switch message {
-            case .info(let text): conversation.notify(.info, text) ? .answer(SecureBytes(count: 0)) : .cancel
-            case .error(let text): conversation.notify(.error, text) ? .answer(SecureBytes(count: 0)) : .cancel
-            case .promptEchoOff(let text): conversation.ask(Prompt(style: .echoOff, purpose: .authentication, text: text))
-            case .promptEchoOn(let text): conversation.ask(Prompt(style: .echoOn, purpose: .authentication, text: text))
+            case .info(let text): return conversation.notify(.info, text) ? .answer(SecureBytes(count: 0)) : .cancel
+            case .error(let text): return conversation.notify(.error, text) ? .answer(SecureBytes(count: 0)) : .cancel
+            case .promptEchoOff(let text):
+                if let password { return password.answer(text) { conversation.ask(Prompt(style: .echoOff, purpose: .authentication, text: text)) } }
+                return conversation.ask(Prompt(style: .echoOff, purpose: .authentication, text: text))
+            case .promptEchoOn(let text): return conversation.ask(Prompt(style: .echoOn, purpose: .authentication, text: text))
             }
         }
+        password?.wrongPassword = result == .failed(code: PAMCode.authError)
         switch result {
         case .success(let answered):
             switch stack {

@@ -38,6 +38,7 @@ public struct BrokerOptions: Sendable, Equatable {
                         [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
                         [--rollback-anchor PATH [--accept-rollback]]
                keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
+               keyholdd --version
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
         request. Runs as root (or the vault's owner); refuses a state directory or key file that
@@ -59,6 +60,7 @@ public struct BrokerOptions: Sendable, Equatable {
           --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
                                   refuse a vault restored from an older copy
           --accept-rollback       serve such a vault anyway (audited), and re-anchor it
+          --version               print the version and exit
         """
 
     public enum ParseError: Error, Equatable { case help, bad(String) }

@@ -59,12 +59,10 @@ extension Session {
             case .success(let m): method = m
             }
         }
-        var biometryState: [UInt8]?
-        if policy.bindsBiometrySet {
-            guard case .enrolled(_, let digest) = broker.gate.domainState(user: caller.userName) else {
-                return deny(request, op, item: existing, Denial(.authenticationFailed, "no finger is enrolled for this account"))
-            }
-            biometryState = digest.bytes
+        let biometryState: [UInt8]?
+        switch broker.gate.biometryBinding(for: policy, user: caller.userName) {
+        case .failure(let d): return deny(request, op, item: existing, d)
+        case .success(let binding): biometryState = binding
         }
         // Argon2id for a new application password runs here, before the store is locked; one
         // per uid at a time, within the process's derivation slots.
