@@ -21,7 +21,8 @@ cd "$(dirname "$0")/.."
 prefix=/usr/local
 destdir=""
 build=1
-swiftflags=(-c release --static-swift-stdlib)
+# Relocations resolved and made read-only at start (full RELRO), as Debian's hardening does.
+swiftflags=(-c release --static-swift-stdlib -Xlinker -z -Xlinker relro -Xlinker -z -Xlinker now)
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) [ $# -ge 2 ] || { echo "install.sh: --prefix needs a directory" >&2; exit 2; }; prefix=$2; shift ;;

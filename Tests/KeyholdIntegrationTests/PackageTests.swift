@@ -18,33 +18,34 @@ enum DebianPackage {
         return nil
     }()
 
-    /// The .deb's path, or the build's failure.
-    static let built: Result<String, PackageError> = {
+    /// The build, started by the first test that needs it. Awaited, not waited for: a release
+    /// build takes minutes and must not hold one of the test runner's few threads meanwhile.
+    static let build = Task<Result<String, PackageError>, Never> {
         let out = TestPaths.temporaryDirectory("khdeb")
-        let r = runBounded(seconds: 3600, TestPaths.repository + "/scripts/package.sh",
-                           ["--scratch-path", TestPaths.repository + "/.build-package", "--out", out])
+        let r = await runAwaited(seconds: 3600, TestPaths.repository + "/scripts/package.sh",
+                                 ["--scratch-path", TestPaths.repository + "/.build-package", "--out", out])
         let deb = "\(out)/keyhold_\(KeyholdVersion.string)_\(architecture).deb"
         guard r.status == 0, access(deb, R_OK) == 0 else {
-            return .failure(PackageError(text: "scripts/package.sh exited \(r.status): \(r.stderr.suffix(3000))"))
+            return .failure(PackageError(text: "scripts/package.sh exited \(r.status): \(r.output.suffix(3000))"))
         }
         return .success(deb)
-    }()
+    }
 
     static let architecture: String = runCommand("/usr/bin/dpkg", ["--print-architecture"]).stdoutText
         .trimmingCharacters(in: .whitespacesAndNewlines)
 
-    static func path() throws -> String { try built.get() }
+    static func path() async throws -> String { try await build.value.get() }
 
-    /// The package's files as `dpkg-deb -c` lists them, without the leading ".".
-    static func files() throws -> [String] {
-        let r = runCommand("/usr/bin/dpkg-deb", ["-c", try path()])
+    /// The package's files as `dpkg-deb -c` lists them, without the leading "./".
+    static func files(_ deb: String) -> [String] {
+        let r = runCommand("/usr/bin/dpkg-deb", ["-c", deb])
         return r.stdoutText.split(separator: "\n").compactMap { line in
             line.split(separator: " ", omittingEmptySubsequences: true).last.map { String($0.dropFirst(2)) }
         }
     }
 
-    static func field(_ name: String) throws -> String {
-        runCommand("/usr/bin/dpkg-deb", ["-f", try path(), name]).stdoutText.trimmingCharacters(in: .whitespacesAndNewlines)
+    static func field(_ deb: String, _ name: String) -> String {
+        runCommand("/usr/bin/dpkg-deb", ["-f", deb, name]).stdoutText.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     /// Package names in a Depends-style field: the first of each alternative, without versions.
@@ -74,6 +75,27 @@ func runBounded(seconds: Int, _ path: String, _ arguments: [String], stdin: [UIn
     runCommand("/usr/bin/timeout", ["-k", "10", String(seconds), path] + arguments, stdin: stdin, environment: environment)
 }
 
+/// Runs `path` under coreutils' timeout like `runBounded`, stdin from /dev/null, its output
+/// and errors together in a file, and suspends (holding no thread) until it exits.
+func runAwaited(seconds: Int, _ path: String, _ arguments: [String]) async -> (status: Int32, output: String) {
+    let log = TestPaths.temporaryDirectory("khlog") + "/output"
+    guard FileManager.default.createFile(atPath: log, contents: nil), let sink = FileHandle(forWritingAtPath: log) else {
+        return (-1, "cannot create \(log)")
+    }
+    let p = Process()
+    p.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+    p.arguments = ["-k", "10", String(seconds), path] + arguments
+    p.standardInput = FileHandle.nullDevice
+    p.standardOutput = sink
+    p.standardError = sink
+    let status: Int32 = await withCheckedContinuation { done in
+        p.terminationHandler = { done.resume(returning: $0.terminationStatus) }
+        do { try p.run() } catch { p.terminationHandler = nil; done.resume(returning: -1) }
+    }
+    try? sink.close()
+    return (status, (try? String(contentsOfFile: log, encoding: .utf8)) ?? "")
+}
+
 @Suite(.serialized, .enabled(if: DebianPackage.missingTools == nil, "cannot build the package: \(DebianPackage.missingTools ?? "")"))
 struct PackageTests {
     static let programs = ["usr/sbin/keyholdd", "usr/sbin/keyhold-pam-helper", "usr/bin/keyhold",
@@ -95,16 +117,16 @@ struct PackageTests {
                        "usr/share/doc/keyhold/ARCHITECTURE.md.gz", "usr/share/doc/keyhold/copyright",
                        "usr/share/doc/keyhold/changelog.gz"]
 
-    @Test func namedAfterTheOneVersionNumber() throws {
-        let deb = try DebianPackage.path()
+    @Test func namedAfterTheOneVersionNumber() async throws {
+        let deb = try await DebianPackage.path()
         #expect(deb.hasSuffix("/keyhold_\(KeyholdVersion.string)_\(DebianPackage.architecture).deb"))
-        #expect(try DebianPackage.field("Package") == "keyhold")
-        #expect(try DebianPackage.field("Version") == KeyholdVersion.string)
-        #expect(try DebianPackage.field("Architecture") == DebianPackage.architecture)
+        #expect(DebianPackage.field(deb, "Package") == "keyhold")
+        #expect(DebianPackage.field(deb, "Version") == KeyholdVersion.string)
+        #expect(DebianPackage.field(deb, "Architecture") == DebianPackage.architecture)
     }
 
-    @Test func holdsEveryProgramManPageCompletionUnitAndPAMFile() throws {
-        let files = Set(try DebianPackage.files())
+    @Test func holdsEveryProgramManPageCompletionUnitAndPAMFile() async throws {
+        let files = Set(DebianPackage.files(try await DebianPackage.path()))
         for f in Self.programs + Self.manPages + Self.completions + Self.units + Self.pamFiles + Self.docs {
             #expect(files.contains(f), "missing from the package: /\(f)")
         }
@@ -114,8 +136,8 @@ struct PackageTests {
 
     /// Every shared library a program needs is named by its Debian package; the ones the
     /// broker loads at run time without a link (the TPM's device TCTI, pam_unix) by hand.
-    @Test func declaresTheRuntimeDependenciesByDebianPackageName() throws {
-        let depends = Set(DebianPackage.names(inField: try DebianPackage.field("Depends")))
+    @Test func declaresTheRuntimeDependenciesByDebianPackageName() async throws {
+        let depends = Set(DebianPackage.names(inField: DebianPackage.field(try await DebianPackage.path(), "Depends")))
         for name in ["libsodium23", "libsqlite3-0", "libsystemd0", "libpam0g", "libssl3", "libtss2-esys-3.0.2-0",
                      "libtss2-tctildr0", "libtss2-tcti-device0", "libpam-modules", "init-system-helpers", "libc6"] {
             #expect(depends.contains(name), "Depends lacks \(name): \(depends.sorted())")
@@ -126,9 +148,9 @@ struct PackageTests {
 
     /// The Swift runtime is inside every program: none needs a libswift*.so, and the three
     /// that run once per request (keyhold, the credential helpers) need no loader at all.
-    @Test func programsCarryTheSwiftRuntime() throws {
+    @Test func programsCarryTheSwiftRuntime() async throws {
         let root = TestPaths.temporaryDirectory("khx")
-        #expect(runCommand("/usr/bin/dpkg-deb", ["-x", try DebianPackage.path(), root]).status == 0)
+        #expect(runCommand("/usr/bin/dpkg-deb", ["-x", try await DebianPackage.path(), root]).status == 0)
         for program in Self.programs {
             let r = runCommand("/usr/bin/readelf", ["-d", "-l", "\(root)/\(program)"])
             #expect(r.status == 0, "readelf \(program): \(r.stderr)")
@@ -143,9 +165,9 @@ struct PackageTests {
 
     /// dpkg never replaces a PAM file the administrator changed; the maintainer scripts enable
     /// the broker's unit through deb-systemd-helper, create nothing, and purge keeps the vault.
-    @Test func conffilesAndMaintainerScripts() throws {
+    @Test func conffilesAndMaintainerScripts() async throws {
         let root = TestPaths.temporaryDirectory("khc")
-        #expect(runCommand("/usr/bin/dpkg-deb", ["-e", try DebianPackage.path(), root]).status == 0)
+        #expect(runCommand("/usr/bin/dpkg-deb", ["-e", try await DebianPackage.path(), root]).status == 0)
         let conffiles = try String(contentsOfFile: root + "/conffiles", encoding: .utf8)
         #expect(Set(conffiles.split(separator: "\n").map(String.init)) == Set(Self.pamFiles.map { "/" + $0 }))
         let postinst = try String(contentsOfFile: root + "/postinst", encoding: .utf8)
@@ -166,10 +188,11 @@ struct PackageTests {
 
     /// The shipped units name the programs where the package puts them, and the broker's unit
     /// points at documentation that is installed (its man page), not at /usr/local.
-    @Test func unitsNameTheInstalledPaths() throws {
+    @Test func unitsNameTheInstalledPaths() async throws {
+        let deb = try await DebianPackage.path()
         let root = TestPaths.temporaryDirectory("khu")
-        #expect(runCommand("/usr/bin/dpkg-deb", ["-x", try DebianPackage.path(), root]).status == 0)
-        let files = Set(try DebianPackage.files())
+        #expect(runCommand("/usr/bin/dpkg-deb", ["-x", deb, root]).status == 0)
+        let files = Set(DebianPackage.files(deb))
         for unit in Self.units {
             let text = try String(contentsOfFile: "\(root)/\(unit)", encoding: .utf8)
             let settings = text.split(separator: "\n").filter { !$0.hasPrefix("#") }
@@ -195,8 +218,8 @@ struct PackageTests {
 
     /// scripts/install.sh lays out the same files from the same build (the package is staged
     /// by it), so a source install and the package do not drift apart.
-    @Test func installScriptInstallsTheSameFiles() throws {
-        let packaged = Set(try DebianPackage.files().filter { !$0.hasSuffix("/") && !$0.isEmpty })
+    @Test func installScriptInstallsTheSameFiles() async throws {
+        let packaged = Set(DebianPackage.files(try await DebianPackage.path()).filter { !$0.hasSuffix("/") && !$0.isEmpty })
         let root = TestPaths.temporaryDirectory("khi")
         let r = runBounded(seconds: 600, TestPaths.repository + "/scripts/install.sh",
                            ["--no-build", "--scratch-path", TestPaths.repository + "/.build-package",
@@ -217,8 +240,8 @@ struct PackageTests {
     /// lintian, Debian's package checker: no error. Its warnings (none when this was written)
     /// are printed for the record; the one overridden tag is explained in packaging/debian.
     @Test(.enabled(if: DebianPackage.which("lintian") != nil, "lintian is not installed (scripts/setup.sh installs it)"))
-    func lintianFindsNoError() throws {
-        let r = runBounded(seconds: 600, "/usr/bin/lintian", ["--fail-on", "error", try DebianPackage.path()])
+    func lintianFindsNoError() async throws {
+        let r = runBounded(seconds: 600, "/usr/bin/lintian", ["--fail-on", "error", try await DebianPackage.path()])
         let tags = r.stdoutText.split(separator: "\n").filter { $0.hasPrefix("E:") || $0.hasPrefix("W:") }
         #expect(r.status == 0, "lintian: \(r.stdoutText)\(r.stderr)")
         #expect(!tags.contains { $0.hasPrefix("E:") }, "lintian errors: \(tags)")

@@ -30,8 +30,11 @@ final class BootedDebian {
     let leader: pid_t
 
     /// Boots a throwaway copy of the cached root file system (made first if needed).
-    init(packageDepends: [String]) throws {
-        let cached = try Self.rootFileSystem(including: Self.basePackages + packageDepends)
+    static func boot(packageDepends: [String]) async throws -> BootedDebian {
+        try BootedDebian(cached: try await rootFileSystem(including: basePackages + packageDepends))
+    }
+
+    private init(cached: String) throws {
         root = "/var/tmp/kh-nspawn-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         let copy = runBounded(seconds: 300, "/bin/cp", ["-a", cached, root])
         guard copy.status == 0 else { throw PackageError(text: "cannot copy the root file system: \(copy.stderr)") }
@@ -73,18 +76,18 @@ final class BootedDebian {
 
     /// The mmdebstrap root file system with `packages`, cached by their list: made once (about
     /// a minute and a half, 200 MB, from the same Debian registry as apt-get), then reused.
-    static func rootFileSystem(including packages: [String]) throws -> String {
+    static func rootFileSystem(including packages: [String]) async throws -> String {
         let list = Array(Set(packages)).sorted()
         let key = String(list.joined(separator: ",").utf8.reduce(UInt64(14695981039346656037)) { ($0 ^ UInt64($1)) &* 1099511628211 }, radix: 16)
         let path = "\(cacheDirectory)/bookworm-\(key)"
         if access(path + "/usr/bin/systemctl", X_OK) == 0 { return path }
         try FileManager.default.createDirectory(atPath: cacheDirectory, withIntermediateDirectories: true)
         let partial = path + ".partial-\(getpid())"
-        let r = runBounded(seconds: 1200, DebianPackage.which("mmdebstrap")!,
-                           ["--variant=minbase", "--include=" + list.joined(separator: ","), "bookworm", partial])
+        let r = await runAwaited(seconds: 1200, DebianPackage.which("mmdebstrap")!,
+                                 ["--variant=minbase", "--include=" + list.joined(separator: ","), "bookworm", partial])
         guard r.status == 0 else {
             runBounded(seconds: 120, "/bin/rm", ["-rf", partial])
-            throw PackageError(text: "mmdebstrap failed (\(r.status)): \(r.stderr.suffix(2000))")
+            throw PackageError(text: "mmdebstrap failed (\(r.status)): \(r.output.suffix(2000))")
         }
         guard rename(partial, path) == 0 else { throw PackageError(text: "cannot move \(partial) to \(path)") }
         return path
@@ -104,10 +107,10 @@ struct SystemdNspawnTests {
     static let secret = "nspawn-secret-7f3a"
 
     /// Everything in one boot (booting is the slow part): each step says what failed.
-    @Test func thePackageUnderARealSystemd() throws {
-        let deb = try DebianPackage.path()
-        let depends = DebianPackage.names(inField: try DebianPackage.field("Depends"))
-        let debian = try BootedDebian(packageDepends: depends)
+    @Test func thePackageUnderARealSystemd() async throws {
+        let deb = try await DebianPackage.path()
+        let depends = DebianPackage.names(inField: DebianPackage.field(deb, "Depends"))
+        let debian = try await BootedDebian.boot(packageDepends: depends)
         defer { debian.shutDown() }
         // PID 1's bus appears a moment after nspawn starts it; then it waits for the boot to end.
         var state = "", why = ""
