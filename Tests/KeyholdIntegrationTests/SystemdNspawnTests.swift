@@ -136,6 +136,7 @@ struct SystemdNspawnTests {
         let firstPID = debian.run("systemctl show -P MainPID keyholdd").stdoutText
 
         passwordItemThroughTheInstalledPAMStack(debian)
+        credentialHelpersRunWithoutAToolchain(debian)
         auditLinesReachTheJournal(debian)
         restartLosesNoAcknowledgedWrite(debian)
         secretServiceByDBusActivation(debian)
@@ -174,6 +175,22 @@ struct SystemdNspawnTests {
         // the sandbox options that hid it (PrivateNetwork=yes) refused every such item.
         let allowed = debian.run("printf x | runuser -u \(u) -- keyhold put allowed.example \(u) --allow-exe /usr/bin/keyhold && runuser -u \(u) -- keyhold get allowed.example \(u)")
         #expect(allowed.status == 0 && allowed.stdoutText == "x", "an --allow-exe item: \(allowed.stderr)")
+    }
+
+    /// git's and docker's helpers, static executables, store and read a credential in a root
+    /// file system that has no Swift (nor git, nor docker): the protocols driven by hand.
+    func credentialHelpersRunWithoutAToolchain(_ debian: BootedDebian) {
+        let asUser = "runuser -u \(Self.user) -- env KEYHOLD_ASKPASS=/usr/local/bin/kh-askpass"
+        let gitStore = debian.run("\(asUser) git-credential-keyhold store",
+                                  stdin: Array("protocol=https\nhost=git.example\nusername=ann\npassword=git-pw-1\n\n".utf8))
+        #expect(gitStore.status == 0, "git-credential-keyhold store: \(gitStore.stderr)")
+        let gitGet = debian.run("\(asUser) git-credential-keyhold get", stdin: Array("protocol=https\nhost=git.example\n\n".utf8))
+        #expect(gitGet.status == 0 && gitGet.stdoutText.contains("password=git-pw-1\n"), "git-credential-keyhold get: \(gitGet.stderr)")
+        let dockerStore = debian.run("\(asUser) docker-credential-keyhold store",
+                                     stdin: Array(#"{"ServerURL":"https://registry.example","Username":"ann","Secret":"docker-pw-1"}"#.utf8))
+        #expect(dockerStore.status == 0, "docker-credential-keyhold store: \(dockerStore.stderr)")
+        let dockerGet = debian.run("\(asUser) docker-credential-keyhold get", stdin: Array("https://registry.example\n".utf8))
+        #expect(dockerGet.status == 0 && dockerGet.stdoutText.contains("docker-pw-1"), "docker-credential-keyhold get: \(dockerGet.stderr)")
     }
 
     /// The broker's audit copies reach the journal (through /dev/log), naming the operation,
