@@ -16,6 +16,8 @@ packages=(
   libsecret-tools python3-secretstorage python3-keyring gnome-keyring  # Secret Service clients; benchmark peer
   libtss2-dev libtss2-tcti-tabrmd0            # TPM 2.0 Software Stack (ESAPI; device, swtpm and tabrmd TCTIs): the TPM key protector
   swtpm swtpm-tools tpm2-tools                # a software TPM for the tests; tpm2-tools only to clear/extend it in tests
+  dpkg-dev lintian binutils                   # scripts/package.sh (dpkg-shlibdeps, dpkg-gencontrol, strip) and its test
+  mmdebstrap systemd-container                # the package booted in Debian 12 under systemd-nspawn (SystemdNspawnTests)
 )
 
 missing=()
