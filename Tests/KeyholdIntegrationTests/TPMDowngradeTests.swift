@@ -63,6 +63,11 @@ import KeyholdTestSupport
         let tpm = try SoftwareTPM()
         let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
         #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
+        // An item whose key is wrapped twice (app password inside, vault key outside): the
+        // re-key re-wraps the outer layer only, and the app password still opens it.
+        let ask = b.askpass(password: "right-password", appPassword: "app-pw-1", name: "ask")
+        #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode+app-password"], stdin: Array("gated-v".utf8),
+                      environment: ["KEYHOLD_ASKPASS": ask]).status == 0)
         b.stop()
         let backup = b.directory + "/backup"
         copy(b.stateDirectory, backup)
@@ -78,9 +83,18 @@ import KeyholdTestSupport
         try b.start()
         // Lookups by name work under the new key; the removed token goes, a new one comes.
         expectSecret(b.cli(["get", "revoked", "token"]).stdoutText, equals: "old-token")
+        expectSecret(b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": ask]).stdoutText, equals: "gated-v")
+        let wrongApp = b.cli(["get", "gated", "x"], environment: ["KEYHOLD_ASKPASS": b.askpass(password: "right-password", appPassword: "nope", name: "w")])
+        #expect(wrongApp.status == 6 && wrongApp.stdout.isEmpty, "\(wrongApp.status) \(wrongApp.stderr)")
         #expect(b.cli(["rm", "revoked", "token"]).status == 0)
         #expect(b.cli(["put", "after", "move"], stdin: Array("new-token".utf8)).status == 0)
         #expect(b.cli(["ls"]).stdoutText.contains("after"))
+        // The audit chain was re-MAC'd whole, and the names of entries written before the move
+        // (sealed under the old attribute key) were re-sealed: they still read.
+        let chain = b.cli(["audit", "verify"])
+        #expect(chain.status == 0 && chain.stdoutText.hasPrefix("audit chain verified:"), "\(chain.stdoutText) \(chain.stderr)")
+        let entries = b.cli(["audit", "--json"]).stdoutText.split(separator: "\n")
+        #expect(entries.contains { $0.contains("\"put\"") && $0.contains("revoked") }, "\(entries)")
         b.stop()
         let current = b.directory + "/current"
         copy(b.stateDirectory, current)
