@@ -170,4 +170,26 @@ import KeyholdTestSupport
         #expect(copyAudit.contains("from=file to=file counter-removed"), "\(copyAudit)")
         b.stop()
     }
+
+    /// The anchor file's tag is under the audit key, which the move to the TPM replaces: a kill
+    /// right after the re-keyed database committed (before the anchor was written again) still
+    /// leaves a vault that opens, and the anchor follows it from then on.
+    @Test func anAnchoredVaultSurvivesAKillAfterTheRekey() throws {
+        let tpm = try SoftwareTPM()
+        let anchor = TestPaths.temporaryDirectory("kha") + "/anchor"
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
+        #expect(b.cli(["put", "svc", "acct"], stdin: Array("v".utf8)).status == 0)
+        b.stop()
+        let migrate = ["--state-dir", b.stateDirectory, "--migrate-key-protector", "tpm", "--tpm-tcti", tpm.tcti, "--rollback-anchor", anchor]
+        let killed = runWithTimeout(TestPaths.keyholdd, migrate, environment: ["KEYHOLD_TEST_MIGRATION_KILL_AFTER": "committed"], seconds: 60)
+        #expect(killed.status == 128 + SIGKILL, "\(killed.status) \(killed.stderr)")
+        b.extraArguments = ["--key-protector", "auto", "--tpm-tcti", tpm.tcti, "--rollback-anchor", anchor]
+        try b.start()
+        expectSecret(b.cli(["get", "svc", "acct"]).stdoutText, equals: "v")
+        #expect(b.cli(["rm", "svc", "acct"]).status == 0)
+        b.stop()
+        try b.start()
+        #expect(b.cli(["get", "svc", "acct"]).status == 3)
+        b.stop()
+    }
 }
