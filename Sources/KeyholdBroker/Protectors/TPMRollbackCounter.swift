@@ -12,6 +12,10 @@ import KeyholdTPM
 /// Order of an advance: record C+1 in the vault (committed), then increment the TPM to C+1.
 /// A crash between leaves the vault ahead (never a false alarm); the counter is never ahead of
 /// a vault that saw every change.
+///
+/// Only this vault key moves the counter (issue 36 item 3): it answers only to an auth value
+/// derived from the key (`VaultStore.rollbackCounterAuth`, TPMCounter.swift), and one removed
+/// or replaced by someone else is a refusal here and at start (KeyProtectorStart.swift).
 final class TPMRollbackCounter: Sendable {
     let access: TPMAccess
     let index: UInt32
@@ -117,10 +121,10 @@ final class TPMRollbackCounter: Sendable {
         do throws(TPMError) {
             let device = try access.open()
             let found = try auth.withUnsafeBytes { (a) throws(TPMError) in try device.counterState(index: index, auth: a) }
-            guard case .ours(let value?) = found, let k = known.withLock({ $0 }), k.value == value else {
-                return .rolledBack("this broker last wrote TPM counter \(known.withLock { $0 }.map { String($0.value) } ?? "none"), the TPM has \(Self.describe(found))")
+            let last = known.withLock { $0 }
+            guard case .ours(let current?) = found, let last, last.value == current else {
+                return .rolledBack("this broker last wrote TPM counter \(last.map { String($0.value) } ?? "none"), the TPM has \(Self.describe(found))")
             }
-            let current = value
             // The vault first: if it cannot record the value, the TPM is not moved ahead of it.
             do throws(StoreError) { try store.recordRollbackCounter(current + 1) } catch {
                 BrokerMain.fail("the vault could not record the TPM rollback counter (\(error)); stopping before answering",
