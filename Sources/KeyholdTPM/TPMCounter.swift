@@ -13,7 +13,8 @@ import CTSS2
 /// increment in the TSS's host-side work, measured on swtpm.) Its definition travels encrypted.
 /// Anyone may still read it through the owner hierarchy when its auth is empty (OWNERREAD:
 /// tpm2_nvread -C o, for an administrator; a value is no secret). Undefining takes the owner
-/// hierarchy's authorization (a TPM can let nobody else): with an owner password set, only
+/// hierarchy's authorization (TPMA_NV_POLICY_DELETE, the one way to need more, is for indices of
+/// the platform hierarchy, which the firmware keeps): with an owner password set, only
 /// whoever holds it; with an empty one, any process that can open the TPM. The broker then
 /// finds its counter gone or replaced (a new index does not answer to the vault's auth value)
 /// and refuses: a denial of service, never a rollback.

@@ -127,6 +127,8 @@ enum KeyProtectorStart {
     static func decide(_ state: ProtectorRecord.Counter, unrecorded: Bool, _ found: TPMDevice.CounterState,
                        legacy: UInt64?, recorded: UInt64?, started: Bool) -> Finding {
         switch (state, found) {
+        case (.none, _), (.retiring, _):
+            return .refuse("its record names no TPM counter")
         case (_, .ours(let v)):
             let tpm = v ?? 0
             guard let recorded else {
@@ -150,8 +152,6 @@ enum KeyProtectorStart {
                 return .define(replacing: true)
             }
             return started || recorded != nil ? .refuse("the TPM has \(TPMRollbackCounter.describe(found))") : .define(replacing: true)
-        case (.none, _), (.retiring, _):
-            return .refuse("its record names no TPM counter")
         }
     }
 
