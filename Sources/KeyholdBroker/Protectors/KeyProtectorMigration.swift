@@ -9,7 +9,7 @@ import KeyholdVault
 /// step durable before the next, so a kill at any point leaves a vault the next start opens
 /// (KeyProtectorSetup.openVault picks the key file the database was written under and
 /// finishes the file steps) and running the migration again finishes it:
-///   1. the new key sealed by the TPM into `vault.key.tpm.next`;
+///   1. the new key sealed by the TPM into `vault.key.tpm.next`, and unsealed again to check it;
 ///   2. one transaction: the audit entry, everything re-keyed (VaultStore+Rekey.swift), the
 ///      record "tpm, counter pending";
 ///   3. `vault.key.tpm.next` renamed to `vault.key.tpm`; 4. `vault.key` removed;
@@ -63,7 +63,14 @@ enum KeyProtectorMigration {
         }
         let newKey = VaultKey.generate()
         let next = dir + "/" + KeyProtectorKind.nextTPMFileName, sealedPath = dir + "/" + KeyProtectorKind.tpm.fileName
-        try KeyFiles.replace(next, with: try KeyProtectorSetup.protector(.tpm, options, access).protect(newKey), directory: dir)
+        let sealer = KeyProtectorSetup.protector(.tpm, options, access)
+        try KeyFiles.replace(next, with: try sealer.protect(newKey), directory: dir)
+        // The sealed form must give the new key back before the vault is moved to it: after
+        // the commit, nothing else holds that key.
+        guard VaultStore.sameKey(try sealer.load(path: next), newKey) else {
+            try KeyFiles.remove(next, directory: dir)
+            throw .keyProtector(.blobMalformed)
+        }
         killPoint(.sealed)
         let record = ProtectorRecord(kind: .tpm, counterIndex: vault.counterIndex, counter: .pending)
         try vault.store.rekey(to: newKey, record: record, audit: entry("from=\(vault.kind.rawValue) to=tpm new-vault-key", executable))
