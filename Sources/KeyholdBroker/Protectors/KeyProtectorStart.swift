@@ -41,7 +41,11 @@ enum KeyProtectorStart {
         guard access.configured else { return }
         let counter = TPMRollbackCounter(access: access, index: vault.counterIndex, auth: vault.store.rollbackCounterAuth)
         if vault.record?.counter == .retiring {
-            try retire(counter, vault.store)
+            // A move to `file` cut off before its counter went: finish it if the TPM lets us;
+            // the vault is a file vault either way (the record says so, under its key).
+            do throws(StoreError) { try retire(counter, vault.store) } catch {
+                note("the TPM counter 0x\(String(vault.counterIndex, radix: 16)) of the move to file could not be removed yet (\(error)); the next start tries again")
+            }
             return
         }
         let found: TPMDevice.CounterState
