@@ -14,7 +14,9 @@ public final class TPMDevice {
     public static let defaultTCTI = "device:/dev/tpmrm0"
 
     /// Connects through the TCTI named by `conf` ("device:/dev/tpmrm0", "tabrmd", "swtpm:path=S").
-    public init(tcti conf: String) throws(TPMError) {
+    /// `ownerAuth`: the owner hierarchy's authorization when it has one (the storage primary
+    /// key and the rollback counter's definition are made under it); nil for an empty one.
+    public init(tcti conf: String, ownerAuth: UnsafeRawBufferPointer? = nil) throws(TPMError) {
         // The TSS logs failures to stderr on its own; Keyhold reports them once, in its words
         // (with the TSS's decoded response code). An administrator's TSS2_LOG still wins.
         setenv("TSS2_LOG", "all+NONE", 0)
@@ -29,6 +31,7 @@ public final class TPMDevice {
             throw TPMError.classify(erc, command: "Initialize")
         }
         ctx = c
+        if let ownerAuth { try setAuth(ESYS_TR(ESYS_TR_RH_OWNER), ownerAuth) }
         // A TPM that stops answering (a busy single-client simulator, a wedged device) must
         // fail the command, not hang the broker's start.
         _ = Esys_SetTimeout(c, TPMDevice.timeoutMilliseconds)
@@ -125,9 +128,19 @@ public final class TPMDevice {
 
     // MARK: Pieces
 
+    /// The authorization ESAPI uses for `handle` from now on (copied; the copy is wiped).
+    func setAuth(_ handle: ESYS_TR, _ value: UnsafeRawBufferPointer) throws(TPMError) {
+        guard value.count <= MemoryLayout<TPMU_HA>.size else { throw .authTooLong }
+        var auth = TPM2B_AUTH()
+        auth.size = UInt16(value.count)
+        withUnsafeMutableBytes(of: &auth.buffer) { $0.copyMemory(from: value) }
+        defer { withUnsafeMutableBytes(of: &auth) { zero($0) } }
+        try Esys_TR_SetAuth(ctx, handle, &auth).check("TR_SetAuth")
+    }
+
     /// The storage hierarchy's ECC P-256 primary key from the standard SRK template: the same
     /// template gives the same key on the same TPM until its owner seed changes (a clear).
-    private func createPrimary() throws(TPMError) -> ESYS_TR {
+    func createPrimary() throws(TPMError) -> ESYS_TR {
         var template = TPM2B_PUBLIC()
         template.publicArea.type = TPM2_ALG_ECC
         template.publicArea.nameAlg = TPM2_ALG_SHA256
@@ -155,7 +168,7 @@ public final class TPMDevice {
     }
 
     /// A session salted with the primary key, so parameters can travel encrypted (AES-128 CFB).
-    private func startSession(primary: ESYS_TR, type: TPM2_SE) throws(TPMError) -> ESYS_TR {
+    func startSession(primary: ESYS_TR, type: TPM2_SE) throws(TPMError) -> ESYS_TR {
         var symmetric = TPMT_SYM_DEF()
         symmetric.algorithm = TPM2_ALG_AES
         symmetric.keyBits.aes = 128
@@ -185,11 +198,11 @@ public final class TPMDevice {
     }
 
     /// decrypt: the command's first parameter goes encrypted; else the response's comes back so.
-    private func sessionAttributes(decrypt: Bool) -> TPMA_SESSION {
+    func sessionAttributes(decrypt: Bool) -> TPMA_SESSION {
         TPMA_SESSION(TPMA_SESSION_CONTINUESESSION) | TPMA_SESSION(decrypt ? TPMA_SESSION_DECRYPT : TPMA_SESSION_ENCRYPT)
     }
 
-    private func flush(_ handle: ESYS_TR) {
+    func flush(_ handle: ESYS_TR) {
         if handle != ESYS_TR(ESYS_TR_NONE) { _ = Esys_FlushContext(ctx, handle) }
     }
 }

@@ -15,6 +15,8 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
     case blobMalformed
     /// A TPM answer that is not what the command promises (wrong size, unexpected structure).
     case unexpectedResponse
+    /// An authorization value (the owner's) longer than a TPM takes (64 bytes).
+    case authTooLong
     /// Any other TPM or TSS failure, with the command it came from.
     case command(String, code: UInt32)
 
@@ -27,6 +29,7 @@ public enum TPMError: Error, Equatable, Sendable, CustomStringConvertible {
             "the PCR values differ from the ones the vault key was sealed to (firmware, boot loader or kernel changed) (\(Self.text(c)))"
         case .blobMalformed: "the sealed vault key file is malformed"
         case .unexpectedResponse: "the TPM sent a malformed response"
+        case .authTooLong: "the TPM owner authorization is longer than 64 bytes"
         case .command(let name, let c): "TPM command \(name) failed (\(Self.text(c)))"
         }
     }

@@ -90,7 +90,9 @@ import KeyholdTestSupport
 
     /// file → tpm → file, with kill -9 after every step of each direction: the vault opens
     /// after every interruption, and running the migration again finishes it. Each file → tpm
-    /// step gets a fresh TPM (restoring the same base copy on one TPM would be a rollback).
+    /// step gets a fresh TPM (the move makes a counter there, which refuses the file copy
+    /// afterwards: the point of issue 36 item 2); each tpm → file step gets the TPM as it was
+    /// when the base copy was made (the move removes the counter, which the copy needs).
     @Test func migrationSurvivesKillAtEveryStep() throws {
         let tpm = try SoftwareTPM()
         let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
@@ -105,11 +107,15 @@ import KeyholdTestSupport
         try b.start()  // sets up the TPM counter of the base copy
         b.stop()
         #expect(runCommand("/bin/cp", ["-a", b.stateDirectory, baseTPM]).status == 0)
+        let tpmState = b.directory + "/tpm-state"
+        try tpm.saveState(to: tpmState)
 
-        let steps = ["loaded", "temporary-written", "renamed", "audited", "removed"]
+        let steps = ["tpm": ["loaded", "sealed", "committed", "renamed", "removed", "established"],
+                     "file": ["loaded", "key-written", "committed", "counter-removed", "recorded", "removed"]]
         for (target, base) in [("tpm", baseFile), ("file", baseTPM)] {
-            for step in steps {
+            for step in steps[target]! {
                 let machine = target == "tpm" ? try SoftwareTPM() : tpm
+                if target == "file" { try tpm.restoreState(from: tpmState) }
                 b.extraArguments = ["--key-protector", "auto", "--tpm-tcti", machine.tcti]  // whatever the vault holds
                 #expect(runCommand("/bin/rm", ["-rf", b.stateDirectory]).status == 0)
                 #expect(runCommand("/bin/cp", ["-a", base, b.stateDirectory]).status == 0)

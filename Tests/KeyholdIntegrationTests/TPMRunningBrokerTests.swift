@@ -26,9 +26,10 @@ import KeyholdTestSupport
         }.first
     }
 
-    /// The counter's value, read with tpm2-tools (8 bytes, big-endian).
+    /// The counter's value, read with tpm2-tools through the owner hierarchy (8 bytes,
+    /// big-endian): the counter answers reads to the owner, writes only to its own auth value.
     func counterValue(_ tpm: SoftwareTPM, _ index: String) -> UInt64? {
-        let r = runWithTimeout("/usr/bin/tpm2_nvread", ["-T", tpm.tcti, "-C", index, "-s", "8", index], seconds: 30)
+        let r = runWithTimeout("/usr/bin/tpm2_nvread", ["-T", tpm.tcti, "-C", "o", "-s", "8", index], seconds: 30)
         guard r.status == 0, r.stdout.count == 8 else { return nil }
         return r.stdout.reduce(UInt64(0)) { $0 << 8 | UInt64($1) }
     }
@@ -38,16 +39,23 @@ import KeyholdTestSupport
                 "\(what): \(r.status) \(r.stderr)")
     }
 
-    /// The TPM's counter moved while the broker runs (tpm2_nvincrement, as a second copy of
-    /// the vault would): the next request after the re-read interval, and every later one,
-    /// is *integrity* with the rollback message; a restart refuses until --accept-rollback.
+    /// The TPM's counter disturbed while the broker runs: tpm2_nvincrement with the index's
+    /// empty auth is refused (only the vault key's authorization writes it); removed and
+    /// defined again by someone else (possible with an empty owner authorization), then
+    /// incremented: the next request after the re-read interval, and every later one, is
+    /// *integrity*; a restart refuses until --accept-rollback.
     @Test func counterMovedBehindARunningBrokerIsRefused() throws {
         let tpm = try SoftwareTPM()
         let b = try BrokerFixture(extraArguments: args(tpm))
         #expect(b.cli(["put", "svc", "acct"], stdin: Array("value".utf8)).status == 0)
         let index = try #require(counterIndex(tpm))
-        let inc = runWithTimeout("/usr/bin/tpm2_nvincrement", ["-T", tpm.tcti, index], seconds: 30)
-        #expect(inc.status == 0, "\(inc.stderr)")
+        let refused = runWithTimeout("/usr/bin/tpm2_nvincrement", ["-T", tpm.tcti, index], seconds: 30)
+        #expect(refused.status != 0, "tpm2_nvincrement with an empty auth moved the counter")
+        for step in [["tpm2_nvundefine", index], ["tpm2_nvdefine", index, "-s", "8", "-a", "nt=counter|authwrite|authread|ownerread|no_da"],
+                     ["tpm2_nvincrement", index]] {
+            let r = runWithTimeout("/usr/bin/" + step[0], ["-T", tpm.tcti] + step.dropFirst(), seconds: 30)
+            #expect(r.status == 0, "\(step): \(r.stderr)")
+        }
         usleep(pastRecheck)
         expectRollbackRefusal(b.cli(["get", "svc", "acct"]), "get")
         expectRollbackRefusal(b.cli(["ls"]), "ls")

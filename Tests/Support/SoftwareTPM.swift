@@ -64,6 +64,43 @@ public final class SoftwareTPM: @unchecked Sendable {
         guard r.status == 0 else { throw SoftwareTPMError.commandFailed("tpm2_pcrextend: \(r.status) \(r.stderr)") }
     }
 
+    /// A copy of the TPM's state as it is now (the simulator is stopped for the copy and
+    /// started again): `restoreState` puts this TPM back as it was, counters included.
+    public func saveState(to path: String) throws {
+        stop()
+        defer { try? start() }
+        let r = runCommand("/bin/cp", ["-a", directory + "/state", path])
+        guard r.status == 0 else { throw SoftwareTPMError.commandFailed("cp: \(r.stderr)") }
+    }
+
+    public func restoreState(from path: String) throws {
+        stop()
+        let r = runCommand("/bin/sh", ["-c", "rm -rf \"$1/state\" && cp -a \"$2\" \"$1/state\"", "sh", directory, path])
+        guard r.status == 0 else { throw SoftwareTPMError.commandFailed("restore: \(r.stderr)") }
+        try start()
+    }
+
+    /// Opens the simulator to the members of `group` as Debian opens /dev/tpmrm0 to `tss`
+    /// (root:tss 0660): the sockets group-owned and group-writable, their directory searchable.
+    public func shareWithGroup(_ group: String) throws {
+        guard let g = getgrnam(group)?.pointee.gr_gid else { throw SoftwareTPMError.commandFailed("no group \(group)") }
+        for (path, mode) in [(directory, mode_t(0o710)), (socketPath, 0o660), (socketPath + ".ctrl", 0o660)] {
+            guard chown(path, 0, g) == 0, chmod(path, mode) == 0 else { throw SoftwareTPMError.commandFailed("chown \(path): \(errno)") }
+        }
+    }
+
+    /// Sets the owner hierarchy's authorization (tpm2_changeauth, the value read from a file so
+    /// it is in no argv) from empty to `password`.
+    public func setOwnerPassword(_ password: String) throws {
+        let file = directory + "/owner-auth"
+        guard FileManager.default.createFile(atPath: file, contents: Data(password.utf8), attributes: [.posixPermissions: 0o600]) else {
+            throw SoftwareTPMError.commandFailed("cannot write \(file)")
+        }
+        defer { unlink(file) }
+        let r = runWithTimeout("/usr/bin/tpm2_changeauth", ["-T", tcti, "-c", "o", "file:" + file], seconds: 30)
+        guard r.status == 0 else { throw SoftwareTPMError.commandFailed("tpm2_changeauth: \(r.status) \(r.stderr)") }
+    }
+
     deinit {
         stop()
         try? FileManager.default.removeItem(atPath: directory)

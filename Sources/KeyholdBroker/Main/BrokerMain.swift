@@ -39,10 +39,12 @@ public enum BrokerMain {
 
         let store: VaultStore
         let protector: KeyProtectorKind
+        let access: TPMAccess
+        let vault: KeyProtectorSetup.OpenedVault
         do throws(StoreError) {
-            protector = try KeyProtectorSetup.resolve(options)
-            store = try VaultStore.open(stateDirectory: options.stateDirectory,
-                                        keyProtector: KeyProtectorSetup.protector(protector, options))
+            access = try TPMAccess.load(options)
+            vault = try KeyProtectorSetup.openVault(options, access)
+            (store, protector) = (vault.store, vault.kind)
         } catch {
             // The exit status is the reason's outcome, as for the CLI: a key the TPM will not
             // unseal here (another TPM, a cleared one, changed PCRs) or a database swapped while
@@ -55,8 +57,8 @@ public enum BrokerMain {
         var startEntries: [AuditRecord] = []  // copied to the system log once the broker exists
         let anchor = options.rollbackAnchor.map(RollbackAnchor.init(path:))
         if let anchor, let accepted = RollbackAnchorStart.check(anchor, store, options, executable: helper) { startEntries.append(accepted) }
-        let counter = protector == .tpm ? TPMRollbackCounter(tcti: options.tpmTCTI, vaultTag: store.rollbackCounterTag) : nil
-        if let counter, let accepted = TPMRollbackStart.check(counter, store, options, executable: helper) { startEntries.append(accepted) }
+        let (counter, accepted) = KeyProtectorStart.check(vault, options, access, executable: helper)
+        if let accepted { startEntries.append(accepted) }
         do throws(StoreError) {
             let start = KeyProtectorSetup.startAudit(protector, bound: boundPCRs, executable: helper)
             try store.append(start)

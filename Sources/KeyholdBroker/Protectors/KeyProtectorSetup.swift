@@ -14,34 +14,101 @@ public enum KeyProtectorChoice: String, Sendable, Equatable {
 
 /// Chooses the key protector for a start of the broker and says plainly what it protects.
 enum KeyProtectorSetup {
-    static func protector(_ kind: KeyProtectorKind, _ options: BrokerOptions) -> any VaultKeyProtector {
+    static func protector(_ kind: KeyProtectorKind, _ options: BrokerOptions, _ access: TPMAccess) -> any VaultKeyProtector {
         switch kind {
         case .file: FileKeyProtector()
-        case .tpm: TPMKeyProtector(tcti: options.tpmTCTI, pcrs: options.tpmPCRs)
+        case .tpm: TPMKeyProtector(access: access, pcrs: options.tpmPCRs)
         }
     }
 
-    /// Which protector files the state directory holds now.
-    static func present(in directory: String) throws(StoreError) -> [KeyProtectorKind] {
-        var found: [KeyProtectorKind] = []
-        for kind in KeyProtectorKind.allCases where try KeyFiles.exists(directory + "/" + kind.fileName) { found.append(kind) }
-        return found
+    /// The vault as opened, with the key file it was opened from and its verified record.
+    struct OpenedVault {
+        var store: VaultStore
+        var kind: KeyProtectorKind
+        let key: VaultKey
+        let record: ProtectorRecord?
+        /// The NV index of its TPM counter (recorded, or the one a move to the TPM would use).
+        var counterIndex: UInt32 { record?.counterIndex ?? store.defaultCounterIndex }
     }
 
-    /// The protector this start uses. Both files present means a migration was interrupted
-    /// after the new form was complete: both hold the same key, and the TPM's form is used.
-    static func resolve(_ options: BrokerOptions) throws(StoreError) -> KeyProtectorKind {
-        let found = try present(in: options.stateDirectory)
-        switch options.keyProtector {
-        case .auto:
-            if found.contains(.tpm) { return .tpm }
-            if found.contains(.file) { return .file }
-            return options.tpmTCTI != TPMDevice.defaultTCTI || access("/dev/tpmrm0", F_OK) == 0 ? .tpm : .file
-        case .file, .tpm:
-            let wanted: KeyProtectorKind = options.keyProtector == .tpm ? .tpm : .file
-            if found.isEmpty || found.contains(wanted) { return wanted }
-            throw .keyProtector(.protectedBy(found[0], wanted: wanted))
+    /// Opens the vault with the key file that opens it. A migration can leave two or three
+    /// key files side by side (`vault.key.tpm.next`, `vault.key.tpm`, `vault.key`); the one
+    /// whose key the database was written under is used, and the files the migration would
+    /// have removed are removed (finishing it), never one that does not open this vault.
+    /// Refusing what must not be served is KeyProtectorStart's job (it needs the TPM).
+    static func openVault(_ options: BrokerOptions, _ access: TPMAccess) throws(StoreError) -> OpenedVault {
+        let dir = options.stateDirectory
+        let next = (kind: KeyProtectorKind.tpm, name: KeyProtectorKind.nextTPMFileName)
+        let tpm = (kind: KeyProtectorKind.tpm, name: KeyProtectorKind.tpm.fileName)
+        let file = (kind: KeyProtectorKind.file, name: KeyProtectorKind.file.fileName)
+        let order = switch options.keyProtector {
+        case .auto: [next, tpm, file]
+        case .tpm: [next, tpm]
+        case .file: [file]
         }
+        var candidates: [(kind: KeyProtectorKind, name: String)] = []
+        for c in order where try KeyFiles.exists(dir + "/" + c.name) { candidates.append(c) }
+        guard !candidates.isEmpty else { return try openWithoutKeyFile(options, access) }
+
+        var keys: [VaultKey] = [], loaded: [(kind: KeyProtectorKind, name: String)] = []
+        var unsealError: StoreError?
+        for c in candidates {
+            do throws(StoreError) {
+                keys.append(try protector(c.kind, options, access).load(path: dir + "/" + c.name))
+                loaded.append(c)
+            } catch { unsealError = unsealError ?? error }
+        }
+        guard let at = try VaultStore.matchingKey(keys, stateDirectory: dir) else {
+            if let unsealError { throw unsealError }
+            if VaultStore.unverifiedProtectorKind(stateDirectory: dir) == .tpm {
+                throw .keyProtector(.downgrade(detail: "the vault records that its key is sealed by the TPM, and no key file here opens it (\(loaded.map(\.name).joined(separator: ", ")) is not its key: a copy from before the move to the TPM?)"))
+            }
+            // A new vault beside an orphan key file, or a key file that is not this vault's:
+            // the store's own open says which.
+            guard let first = loaded.first else { throw .keyFileInvalid }
+            let store = try VaultStore.open(stateDirectory: dir, keyProtector: KeyProtectorMigration.Loaded(kind: first.kind, key: keys[0]))
+            return OpenedVault(store: store, kind: first.kind, key: keys[0], record: try store.protectorRecord())
+        }
+        let chosen = loaded[at], key = keys[at]
+        // Killed after the re-keyed database committed: its key is the sealed one now.
+        if chosen.name == next.name { try KeyFiles.rename(dir + "/" + next.name, to: dir + "/" + tpm.name, directory: dir) }
+        let store = try VaultStore.open(stateDirectory: dir, keyProtector: KeyProtectorMigration.Loaded(kind: chosen.kind, key: key))
+        let record: ProtectorRecord?
+        do { record = try store.protectorRecord() } catch { store.close(); throw error }
+        var opened = OpenedVault(store: store, kind: chosen.kind, key: key, record: record)
+        if chosen.kind == .tpm, record?.kind == .file, options.keyProtector == .auto {
+            // Moved to `file` (same key), killed before the sealed copy was removed.
+            guard keys.indices.contains(where: { loaded[$0].kind == .file && VaultStore.sameKey(keys[$0], key) }) else {
+                store.close()
+                throw .keyFileInvalid
+            }
+            opened.kind = .file
+            try KeyFiles.remove(dir + "/" + tpm.name, directory: dir)
+        } else if chosen.kind == .tpm, record?.kind != .file {
+            // The key file from before the move to the TPM (or a copy put back): it opens
+            // nothing of this vault any more, and the migration would have removed it.
+            try KeyFiles.remove(dir + "/" + file.name, directory: dir)
+        }
+        if opened.kind == .file { try KeyFiles.remove(dir + "/" + next.name, directory: dir) }
+        return opened
+    }
+
+    /// A state directory without any key file: a new vault (or a database whose key is gone,
+    /// which the store refuses). `auto` seals a new vault's key with the TPM when there is one.
+    private static func openWithoutKeyFile(_ options: BrokerOptions, _ access: TPMAccess) throws(StoreError) -> OpenedVault {
+        let kind: KeyProtectorKind = switch options.keyProtector {
+        case .auto: access.configured ? .tpm : .file
+        case .file: try KeyFiles.exists(options.stateDirectory + "/" + KeyProtectorKind.tpm.fileName) ? .tpm : .file
+        case .tpm: try KeyFiles.exists(options.stateDirectory + "/" + KeyProtectorKind.file.fileName) ? .file : .tpm
+        }
+        let wanted: KeyProtectorKind = options.keyProtector == .file ? .file : options.keyProtector == .tpm ? .tpm : kind
+        guard kind == wanted else { throw .keyProtector(.protectedBy(kind, wanted: wanted)) }
+        let store = try VaultStore.open(stateDirectory: options.stateDirectory, keyProtector: protector(kind, options, access))
+        return OpenedVault(store: store, kind: kind, key: try loadBack(kind, options, access), record: try store.protectorRecord())
+    }
+
+    private static func loadBack(_ kind: KeyProtectorKind, _ options: BrokerOptions, _ access: TPMAccess) throws(StoreError) -> VaultKey {
+        try protector(kind, options, access).load(path: options.stateDirectory + "/" + kind.fileName)
     }
 
     /// The PCRs the sealed key in the state directory is bound to (nil for `file`, or when the
@@ -55,7 +122,7 @@ enum KeyProtectorSetup {
         switch kind {
         case .tpm:
             "key protector: tpm (TCTI \(options.tpmTCTI)): the vault key is sealed by this machine's TPM" + pcrText(options, bound: bound)
-                + "; rollback is detected by a TPM counter"
+                + "; rollback is detected by a TPM counter only this vault key can write"
         case .file:
             "key protector: file: the vault key sits on disk in \(options.stateDirectory)/\(KeyProtectorKind.file.fileName) (a copy of the state directory opens every item without an app password); " + rollbackLine(options)
         }

@@ -110,6 +110,13 @@ enum RollbackAnchorStart {
         case .rolledBack(let head, let anchored):
             problem = "integrity failure: the vault was restored from an older copy (its audit head is entry \(head), the rollback anchor \(anchor.path) records entry \(anchored))"
         case .foreign:
+            // Re-keyed by --migrate-key-protector tpm and killed before the anchor was written
+            // for the new audit key: the TPM counter made next takes over from the old anchor.
+            if (try? store.protectorRecord())?.counter == .pending {
+                anchor.reset()
+                anchor.advance(store)
+                return nil
+            }
             problem = "integrity failure: the rollback anchor \(anchor.path) is unreadable, altered, or belongs to another vault"
         }
         guard options.acceptRollback else {

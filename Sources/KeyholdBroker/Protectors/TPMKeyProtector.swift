@@ -5,7 +5,7 @@ import KeyholdTPM
 /// The vault key sealed by the TPM (`vault.key.tpm`). The TPM is reached only while the key
 /// is sealed or unsealed (start-up, migration); the broker does not hold it open.
 struct TPMKeyProtector: VaultKeyProtector {
-    let tcti: String
+    let access: TPMAccess
     /// PCRs a newly sealed key is bound to. Loading uses the PCRs recorded in the blob.
     let pcrs: PCRSelection
 
@@ -20,7 +20,7 @@ struct TPMKeyProtector: VaultKeyProtector {
         do throws(TPMError) { blob = try Self.parse(bytes) } catch { throw .keyProtector(Self.failure(error)) }
         let raw: SecureBytes
         do throws(TPMError) {
-            let device = try TPMDevice(tcti: tcti)
+            let device = try access.open()
             raw = try device.unseal(blob) { SecureBytes(copying: $0) }
         } catch {
             // The PCR list comes from the blob: what the administrator must get back to.
@@ -45,7 +45,7 @@ struct TPMKeyProtector: VaultKeyProtector {
 
     func protect(_ key: VaultKey) throws(StoreError) -> SecureBytes {
         do throws(TPMError) {
-            let device = try TPMDevice(tcti: tcti)
+            let device = try access.open()
             let blob = try key.withUnsafeKeyBytes { (raw) throws(TPMError) in try device.seal(raw, pcrs: pcrs) }
             return SecureBytes(copying: blob.encoded)
         } catch {
@@ -59,7 +59,7 @@ struct TPMKeyProtector: VaultKeyProtector {
         case .sealedElsewhere: .sealedElsewhere(detail: error.description)
         case .pcrMismatch: .pcrMismatch(pcrs: "(unknown)", detail: error.description)
         case .blobMalformed, .unexpectedResponse: .blobMalformed
-        case .command: .tpmUnavailable(detail: error.description)
+        case .command, .authTooLong: .tpmUnavailable(detail: error.description)
         }
     }
 }

@@ -12,9 +12,15 @@ import KeyholdTPM
 /// Order of an advance: record C+1 in the vault (committed), then increment the TPM to C+1.
 /// A crash between leaves the vault ahead (never a false alarm); the counter is never ahead of
 /// a vault that saw every change.
+///
+/// Only this vault key moves the counter (issue 36 item 3): it answers only to an auth value
+/// derived from the key (`VaultStore.rollbackCounterAuth`, TPMCounter.swift), and one removed
+/// or replaced by someone else is a refusal here and at start (KeyProtectorStart.swift).
 final class TPMRollbackCounter: Sendable {
-    let tcti: String
+    let access: TPMAccess
     let index: UInt32
+    /// The counter's authorization value (from the vault key: `VaultStore.rollbackCounterAuth`).
+    private let auth: SecureBytes
     /// The audit sequence number up to which changes were looked at (under the store lock).
     private let scanned = Mutex<Int64>(0)
     /// The TPM's value as this broker last wrote or read it, and when it last read or wrote
@@ -28,37 +34,28 @@ final class TPMRollbackCounter: Sendable {
     /// one per store access; see SECURITY.md "Rollback" for what the interval leaves open.
     static let recheckNanoseconds: UInt64 = 1_000_000_000
 
-    init(tcti: String, vaultTag: UInt16) {
-        self.tcti = tcti
-        index = TPMDevice.counterIndex(vaultTag: vaultTag)
+    init(access: TPMAccess, index: UInt32, auth: SecureBytes) {
+        self.access = access
+        self.index = index
+        self.auth = auth
     }
 
-    enum Verdict: Equatable {
-        case fresh                                  // no counter yet: this start makes one
-        case current(UInt64)
-        case rolledBack(recorded: UInt64?, tpm: UInt64)
+    /// What is at the counter's index now.
+    func state() throws(TPMError) -> TPMDevice.CounterState {
+        let device = try access.open()
+        return try auth.withUnsafeBytes { (a) throws(TPMError) in try device.counterState(index: index, auth: a) }
     }
 
-    func check(_ store: VaultStore) throws(StoreError) -> Verdict {
-        let recorded = try store.recordedRollbackCounter()
-        let tpm: UInt64?
-        do throws(TPMError) { tpm = try TPMDevice(tcti: tcti).readCounter(index: index) } catch {
-            throw .keyProtector(TPMKeyProtector.failure(error))
-        }
-        guard let tpm else { return .fresh }
-        guard let recorded, recorded >= tpm else { return .rolledBack(recorded: recorded, tpm: tpm) }
-        return .current(tpm)
+    /// Makes the vault's counter (after removing what is at its index, when `replacing`) and
+    /// returns its first value. Removing takes the owner hierarchy's authorization.
+    func define(replacing: Bool) throws(TPMError) -> UInt64 {
+        let device = try access.open()
+        if replacing { try device.undefineCounter(index: index) }
+        return try auth.withUnsafeBytes { (a) throws(TPMError) in try device.defineCounter(index: index, auth: a) }
     }
 
-    /// Records the TPM's counter in the vault as it is now (first start, accepted rollback).
-    func adopt(_ store: VaultStore) throws(StoreError) {
-        let value: UInt64
-        do throws(TPMError) {
-            let device = try TPMDevice(tcti: tcti)
-            if let v = try device.readCounter(index: index) { value = v } else { value = try device.incrementCounter(index: index) }
-        } catch {
-            throw .keyProtector(TPMKeyProtector.failure(error))
-        }
+    /// Records the TPM's counter value in the vault (every start; after an accepted rollback).
+    func adopt(_ store: VaultStore, value: UInt64) throws(StoreError) {
         try store.recordRollbackCounter(value)
         scanned.withLock { $0 = (try? store.authenticatedHeadSequence()) ?? 0 }
         known.withLock { $0 = (value, MonotonicClock.nanoseconds()) }
@@ -89,12 +86,10 @@ final class TPMRollbackCounter: Sendable {
         }
         let now = MonotonicClock.nanoseconds()
         guard recorded != k.value || now &- k.confirmedAt >= Self.recheckNanoseconds else { return .current }
-        let tpm: UInt64?
-        do throws(TPMError) { tpm = try TPMDevice(tcti: tcti).readCounter(index: index) } catch {
-            return .tpmGone(error.description)
-        }
-        guard let tpm, tpm == recorded else {
-            return .rolledBack("it records TPM counter \(recorded), the TPM is at \(tpm.map(String.init) ?? "no counter")")
+        let found: TPMDevice.CounterState
+        do throws(TPMError) { found = try state() } catch { return .tpmGone(error.description) }
+        guard case .ours(let tpm?) = found, tpm == recorded else {
+            return .rolledBack("it records TPM counter \(recorded), the TPM has \(Self.describe(found))")
         }
         known.withLock { $0 = (tpm, now) }
         return .current
@@ -124,17 +119,18 @@ final class TPMRollbackCounter: Sendable {
         }
         guard relevant else { return .current }
         do throws(TPMError) {
-            let device = try TPMDevice(tcti: tcti)
-            guard let current = try device.readCounter(index: index) else { throw TPMError.unexpectedResponse }
-            if let k = known.withLock({ $0 }), k.value != current {
-                return .rolledBack("this broker last wrote TPM counter \(k.value), the TPM is at \(current)")
+            let device = try access.open()
+            let found = try auth.withUnsafeBytes { (a) throws(TPMError) in try device.counterState(index: index, auth: a) }
+            let last = known.withLock { $0 }
+            guard case .ours(let current?) = found, let last, last.value == current else {
+                return .rolledBack("this broker last wrote TPM counter \(last.map { String($0.value) } ?? "none"), the TPM has \(Self.describe(found))")
             }
             // The vault first: if it cannot record the value, the TPM is not moved ahead of it.
             do throws(StoreError) { try store.recordRollbackCounter(current + 1) } catch {
                 BrokerMain.fail("the vault could not record the TPM rollback counter (\(error)); stopping before answering",
                                 code: Int32(Outcome.brokerUnavailable.rawValue))
             }
-            let now = try device.incrementCounter(index: index)
+            let now = try auth.withUnsafeBytes { (a) throws(TPMError) in try device.incrementCounter(index: index, auth: a) }
             if now != current + 1 { try? store.recordRollbackCounter(now) }
             known.withLock { $0 = (now, MonotonicClock.nanoseconds()) }
             return .current
@@ -145,34 +141,13 @@ final class TPMRollbackCounter: Sendable {
     }
 }
 
-/// The start-up decision on the TPM counter, as for the anchor file.
-enum TPMRollbackStart {
-    /// The accepted rollback's audit entry, if there was one (for its system-log copy).
-    static func check(_ counter: TPMRollbackCounter, _ store: VaultStore, _ options: BrokerOptions, executable: String) -> AuditRecord? {
-        let verdict: TPMRollbackCounter.Verdict
-        do throws(StoreError) { verdict = try counter.check(store) } catch {
-            BrokerMain.fail("cannot check the TPM rollback counter: \(error)", code: Int32(error.outcome.rawValue))
-        }
-        switch verdict {
-        case .fresh, .current:
-            do throws(StoreError) { try counter.adopt(store) } catch {
-                BrokerMain.fail("cannot set up the TPM rollback counter: \(error)", code: Int32(error.outcome.rawValue))
-            }
-            return nil
-        case .rolledBack(let recorded, let tpm):
-            guard options.acceptRollback else {
-                BrokerMain.fail("integrity failure: the vault was restored from an older copy (it records TPM counter \(recorded.map(String.init) ?? "none"), the TPM is at \(tpm)); nothing is served. If this copy is what you want, start once with --accept-rollback (the decision is audited)",
-                                code: Int32(Outcome.integrityFailure.rawValue))
-            }
-            let record = AuditRecord(callerUID: geteuid(), callerPID: getpid(), executable: executable, operation: .acceptRollback,
-                                     decision: .granted, reason: "tpm-counter recorded=\(recorded.map(String.init) ?? "none") tpm=\(tpm)", outcome: .ok)
-            do throws(StoreError) {
-                try store.append(record)
-                try counter.adopt(store)
-            } catch {
-                BrokerMain.fail("cannot record the accepted rollback: \(error)", code: Int32(error.outcome.rawValue))
-            }
-            return record
+extension TPMRollbackCounter {
+    /// What the TPM has at the index, in a refusal's words.
+    static func describe(_ state: TPMDevice.CounterState) -> String {
+        switch state {
+        case .absent: "no counter (it was removed)"
+        case .ours(let v): "value \(v.map(String.init) ?? "unset")"
+        case .foreign: "a counter this vault key did not make (the vault's was removed and replaced)"
         }
     }
 }

@@ -74,11 +74,4 @@ extension VaultStore {
             }
         } catch { throw StoreError.from(error) }
     }
-
-    /// 16 bits naming this vault's TPM counter index (from the audit key, so a restored copy
-    /// of the same vault finds the same counter and another vault does not).
-    public var rollbackCounterTag: UInt16 {
-        let h = KeyedHash.hash(Array("keyhold rollback counter index v1".utf8), key: auditKey)
-        return UInt16(h[0]) << 8 | UInt16(h[1])
-    }
 }

@@ -10,6 +10,10 @@ public enum KeyProtectorKind: String, Sendable, CaseIterable {
     /// `vault.key.tpm`: the key sealed by this machine's TPM; only the sealed blob is on disk.
     case tpm
 
+    /// Where `--migrate-key-protector tpm` seals the new vault key until the vault is re-keyed
+    /// to it (then it is renamed to `vault.key.tpm`).
+    public static let nextTPMFileName = "vault.key.tpm.next"
+
     /// The file in the state directory that holds the key in this protector's form.
     public var fileName: String {
         switch self {
@@ -32,6 +36,11 @@ public enum KeyProtectorFailure: Error, Equatable, Sendable, CustomStringConvert
     case blobMalformed
     /// The state directory holds the key under the other protector.
     case protectedBy(KeyProtectorKind, wanted: KeyProtectorKind)
+    /// The vault was moved to the TPM and this start would serve it (or an older copy of it)
+    /// with a weaker protector or without its counter; `detail` says which.
+    case downgrade(detail: String)
+    /// The TPM owner authorization credential is empty or longer than 64 bytes.
+    case ownerAuthInvalid(path: String)
 
     public var description: String {
         switch self {
@@ -43,13 +52,16 @@ public enum KeyProtectorFailure: Error, Equatable, Sendable, CustomStringConvert
         case .blobMalformed: "the sealed vault key file is malformed or was altered"
         case .protectedBy(let found, let wanted):
             "the vault key is kept by the \(found.rawValue) protector, not \(wanted.rawValue); convert it with keyholdd --migrate-key-protector \(wanted.rawValue)"
+        case .downgrade(let d):
+            "integrity failure: \(d); nothing is served. If this copy is what you want, keyholdd --migrate-key-protector file makes it a file-protected vault again (audited)"
+        case .ownerAuthInvalid(let path): "the TPM owner authorization in \(path) is empty or longer than 64 bytes"
         }
     }
 
     public var outcome: Outcome {
         switch self {
-        case .sealedElsewhere, .pcrMismatch, .blobMalformed: .integrityFailure
-        case .tpmUnavailable, .protectedBy: .otherError
+        case .sealedElsewhere, .pcrMismatch, .blobMalformed, .downgrade: .integrityFailure
+        case .tpmUnavailable, .protectedBy, .ownerAuthInvalid: .otherError
         }
     }
 }
@@ -133,7 +145,13 @@ public enum KeyFiles {
         close(fd)
         guard failure == 0 else { unlink(temporary); throw .io(code: failure) }
         afterTemporary()
-        guard rename(temporary, path) == 0 else { let e = errno; unlink(temporary); throw .io(code: e) }
+        guard Glibc.rename(temporary, path) == 0 else { let e = errno; unlink(temporary); throw .io(code: e) }
+        StateDirectory.syncDirectory(directory)
+    }
+
+    /// Renames `from` to `to` (replacing it: one atomic step) and fsyncs the directory.
+    public static func rename(_ from: String, to: String, directory: String) throws(StoreError) {
+        guard Glibc.rename(from, to) == 0 else { throw .io(code: errno) }
         StateDirectory.syncDirectory(directory)
     }
 
