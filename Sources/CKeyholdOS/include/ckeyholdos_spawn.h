@@ -1,0 +1,19 @@
+#ifndef CKEYHOLDOS_SPAWN_H
+#define CKEYHOLDOS_SPAWN_H
+
+#include <sys/types.h>
+
+/* A child bound to the calling thread's life (issue 36 item 1, `keyhold rotate`'s COMMAND):
+ * it leads a new process group (so the whole group can be killed), gets SIGKILL when the
+ * thread that started it dies (PR_SET_PDEATHSIG, so a kill -9 of keyhold takes it along),
+ * and has stdin/stdout from `in_fd`/`out_fd`, stderr inherited, nothing else open, SIGPIPE at
+ * its default. `*group` is set to its pid before any signal can be handled, so a handler that
+ * kills the group never misses it. Returns the pid, or -1 with errno set. */
+pid_t ckh_spawn_bound(const char *path, char *const argv[], char *const envp[], int in_fd, int out_fd,
+                      volatile pid_t *group);
+
+/* 1 once `pid` has exited (left a zombie, not reaped: its process group cannot be reused
+ * while the caller kills what is left of it), 0 while it runs, -1 on an error. */
+int ckh_exited_unreaped(pid_t pid);
+
+#endif

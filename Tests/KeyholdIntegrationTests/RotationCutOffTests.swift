@@ -1,0 +1,148 @@
+import Foundation
+import Glibc
+import Testing
+import KeyholdCore
+import KeyholdTestSupport
+
+/// Issue 36 item 1: one refresh token is redeemed once, whatever dies. A rotation is cut off
+/// 0.8 s in (keyhold killed with SIGKILL or SIGTERM, or the broker killed with SIGKILL and
+/// restarted at once) while its COMMAND sleeps 2 s before redeeming; a second rotate starts at
+/// once. The old token must be redeemed exactly once in all, and the item must end at a token a
+/// COMMAND produced and that was committed.
+@Suite(.serialized) struct RotationCutOffTests {
+    /// The first rotation's `--timeout`: its lease is kept until about this + 5 s after release.
+    static let firstTimeout = 4
+    /// The second's: shorter than what is left of the first's lease, which it still waits out.
+    static let secondTimeout = 6
+
+    enum Cut { case killCLI, terminateCLI, killBroker }
+
+    /// COMMAND: logs its start, sleeps 2 s, then "redeems" the token it was given (a line in
+    /// `redeemed`: old token, new token) and prints the new one.
+    func command(_ dir: String) throws -> String {
+        let path = dir + "/redeem.sh"
+        let body = """
+            #!/bin/sh
+            old=$(cat)
+            echo "$$ $(date +%s%3N)" >> \(dir)/started
+            sleep 2
+            new="tok-$$-$(date +%s%N)"
+            echo "$old $new" >> \(dir)/redeemed
+            printf %s "$new"
+            """
+        try body.write(toFile: path, atomically: true, encoding: .utf8)
+        chmod(path, 0o755)
+        return path
+    }
+
+    func lines(_ path: String) -> [String] {
+        ((try? String(contentsOfFile: path, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+    }
+
+    /// `keyhold rotate` as its own process (not under a shell), so a signal reaches keyhold itself.
+    func startRotate(_ b: BrokerFixture, _ command: String, timeout: Int, log: String) throws -> Process {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: TestPaths.keyhold)
+        p.arguments = ["--socket", b.socketPath, "rotate", "idp", "me", "--no-interaction", "--timeout", String(timeout), "--", command]
+        FileManager.default.createFile(atPath: log, contents: nil)
+        let out = FileHandle(forWritingAtPath: log)
+        p.standardOutput = out
+        p.standardError = out
+        p.standardInput = FileHandle.nullDevice
+        try p.run()
+        return p
+    }
+
+    func waitFor(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+        let end = Date().addingTimeInterval(seconds)
+        while Date() < end {
+            if condition() { return true }
+            usleep(20_000)
+        }
+        return condition()
+    }
+
+    func cutOff(_ cut: Cut) throws {
+        let b = try BrokerFixture()
+        let dir = b.directory
+        #expect(b.cli(["put", "idp", "me", "--kind", "refresh-token"], stdin: Array("tok-0".utf8)).status == 0)
+        let cmd = try command(dir)
+        let launched = Date()
+        let first = try startRotate(b, cmd, timeout: Self.firstTimeout, log: dir + "/first.log")
+        // Cut 0.8 s in, once COMMAND has the secret (it sleeps 2 s before redeeming).
+        #expect(waitFor(30) { !lines(dir + "/started").isEmpty }, "the first COMMAND started")
+        let cutAt = launched.addingTimeInterval(0.8)
+        if Date() < cutAt { usleep(UInt32(cutAt.timeIntervalSinceNow * 1_000_000)) }
+        switch cut {
+        case .killCLI: kill(first.processIdentifier, SIGKILL)
+        case .terminateCLI: kill(first.processIdentifier, SIGTERM)
+        case .killBroker:
+            b.kill9()
+            try b.start()
+        }
+        let second = b.cli(["rotate", "idp", "me", "--no-interaction", "--timeout", String(Self.secondTimeout), "--", cmd])
+        first.waitUntilExit()
+        let firstLog = lines(dir + "/first.log").joined(separator: " | ")
+        switch cut {
+        case .killCLI: #expect(first.terminationReason == .uncaughtSignal && first.terminationStatus == SIGKILL)
+        case .terminateCLI: #expect(first.terminationReason == .exit && first.terminationStatus == 5, "\(firstLog)")
+        case .killBroker:
+            #expect(first.terminationStatus == 1 && firstLog.contains("the broker's connection ended"), "\(first.terminationStatus) \(firstLog)")
+        }
+        #expect(second.status == 0, "\(second.stderr)")
+        // Had the first COMMAND survived, it would have redeemed by now (2 s after its start).
+        let started = lines(dir + "/started")
+        let firstStarted = Double(started.first?.split(separator: " ").last ?? "") ?? 0
+        #expect(waitFor(5) { Date().timeIntervalSince1970 * 1000 > firstStarted + 3_000 })
+
+        let redeemed = lines(dir + "/redeemed").map { $0.split(separator: " ").map(String.init) }
+        let ofOld = redeemed.filter { $0.first == "tok-0" }
+        #expect(ofOld.count == 1, "the old token was redeemed once: \(redeemed)")
+        #expect(redeemed.count == 1 && started.count == 2, "one COMMAND redeemed; the first was stopped: \(redeemed) \(started)")
+        let produced = ofOld.first?.last ?? "?"
+        let stored = b.cli(["get", "idp", "me"])
+        expectSecret(stored.stdoutText, equals: produced, "the item holds the token the redeeming COMMAND produced")
+        let audit = b.cli(["audit", "--json", "--item", "idp/me"]).stdoutText.split(separator: "\n")
+        #expect(audit.filter { $0.contains("\"operation\":\"update\"") && $0.contains("\"decision\":\"granted\"") }.count == 1,
+                "committed once")
+        // The broker kept the lease for the cut-off rotation: the second COMMAND started only
+        // after the first's deadline (its timeout + 5 s after release), restart or not.
+        let secondStarted = Double(started.last?.split(separator: " ").last ?? "") ?? 0
+        #expect(secondStarted - firstStarted >= Double(Self.firstTimeout + 5) * 1000 - 1_000,
+                "the second COMMAND waited for the cut-off lease: \(started)")
+    }
+
+    @Test func killNineOfTheCLI() throws { try cutOff(.killCLI) }
+
+    @Test func sigtermOfTheCLI() throws { try cutOff(.terminateCLI) }
+
+    @Test func killNineOfTheBrokerRestartedAtOnce() throws { try cutOff(.killBroker) }
+
+    /// A rotation that ends with a cancel (COMMAND failed) frees the lease at once, restart or
+    /// not: the recorded lease goes with the cancel.
+    @Test func canceledRotationLeavesNoLeaseAcrossARestart() throws {
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
+        let failed = b.cli(["rotate", "idp", "me", "--timeout", "30", "--", "/bin/sh", "-c", "cat >/dev/null; exit 3"])
+        #expect(failed.status != 0 && failed.stderr.contains("exited 3"), "\(failed.stderr)")
+        b.stop()
+        try b.start()
+        let start = Date()
+        let next = b.cli(["rotate", "idp", "me", "--timeout", "30", "--", "/bin/sh", "-c", "cat >/dev/null; printf new"])
+        #expect(next.status == 0, "\(next.stderr)")
+        #expect(Date().timeIntervalSince(start) < 5, "no lease was left behind")
+        expectSecret(b.cli(["get", "idp", "me"]).stdoutText, equals: "new")
+    }
+
+    /// COMMAND's own children die with the rotation too: its process group is killed.
+    @Test func commandsChildrenDoNotOutliveTheRotation() throws {
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
+        let dir = b.directory
+        let r = b.cli(["rotate", "idp", "me", "--timeout", "30", "--",
+                       "/bin/sh", "-c", "cat >/dev/null; (sleep 1; touch \(dir)/survivor) >/dev/null & printf new"])
+        #expect(r.status == 0, "\(r.stderr)")
+        usleep(2_000_000)
+        #expect(!FileManager.default.fileExists(atPath: dir + "/survivor"), "a child of COMMAND outlived the rotation")
+    }
+}
