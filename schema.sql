@@ -146,7 +146,7 @@ CREATE INDEX IF NOT EXISTS audit_uid ON audit (caller_uid, seq);
 -- A rotation cut off (its connection ended, or the broker restarted) keeps its item leased
 -- until `until_us` (wall clock, µs), while the COMMAND that received the old secret may still
 -- run; a restarted broker reads this table and honours every unexpired row.
-CREATE TABLE rotation_leases (
+CREATE TABLE IF NOT EXISTS rotation_leases (
     item_id  BLOB PRIMARY KEY NOT NULL CHECK (length(item_id) = 16),
     until_us INTEGER NOT NULL
 ) WITHOUT ROWID;
