@@ -156,13 +156,18 @@ enum CommandGroup {
 
     enum Status: Equatable { case exited(Int32), killed, brokerLeft }
 
+    /// SIGHUP's disposition before `arm`: under `nohup` (ignored) it stays ignored.
+    nonisolated(unsafe) static var hangupBefore: sighandler_t?
+
     /// SIGINT, SIGTERM or SIGHUP while COMMAND runs: its whole group is killed before we exit
     /// (the broker then keeps the lease until the rotation's deadline: README).
     static func arm() {
         leader.pointee = 0
         signal(SIGINT, stopSignal)
         signal(SIGTERM, stopSignal)
-        signal(SIGHUP, stopSignal)
+        let hangup = signal(SIGHUP, stopSignal)
+        hangupBefore = hangup
+        if unsafeBitCast(hangup, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { signal(SIGHUP, SIG_IGN) }
         // A parent may have started us with these blocked (Foundation's Process does).
         var set = sigset_t()
         sigemptyset(&set)
@@ -173,7 +178,7 @@ enum CommandGroup {
     /// Back to the CLI's own handlers once COMMAND is gone.
     static func disarm() {
         leader.pointee = 0
-        signal(SIGHUP, SIG_DFL)
+        signal(SIGHUP, hangupBefore ?? SIG_DFL)
         Terminal.installInterruptHandler()
     }
 

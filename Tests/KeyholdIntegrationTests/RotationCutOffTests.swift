@@ -134,6 +134,23 @@ import KeyholdTestSupport
         expectSecret(b.cli(["get", "idp", "me"]).stdoutText, equals: "new")
     }
 
+    /// COMMAND finished but its secret could not be committed (here the item was removed
+    /// meanwhile): keyhold says so, and with --print the new secret still reaches stdout.
+    @Test func aNewSecretThatWasNotStoredIsReportedAndPrinted() throws {
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
+        let rm = "'\(TestPaths.keyhold)' --socket '\(b.socketPath)' rm idp me"
+        let printed = b.cli(["rotate", "idp", "me", "--print", "--", "/bin/sh", "-c", "cat >/dev/null; \(rm); printf new-1"])
+        #expect(printed.status != 0)
+        #expect(printed.stderr.contains("COMMAND finished but its new secret may not have been stored"), "\(printed.stderr)")
+        expectSecret(printed.stdoutText, equals: "new-1", "with --print the produced secret is not lost")
+
+        #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
+        let quiet = b.cli(["rotate", "idp", "me", "--", "/bin/sh", "-c", "cat >/dev/null; \(rm); printf new-2"])
+        #expect(quiet.status != 0 && quiet.stdout.isEmpty)
+        #expect(quiet.stderr.contains("that secret is lost") && !quiet.stderr.contains("new-2"), "\(quiet.stderr)")
+    }
+
     /// COMMAND's own children die with the rotation too: its process group is killed.
     @Test func commandsChildrenDoNotOutliveTheRotation() throws {
         let b = try BrokerFixture()
