@@ -69,14 +69,16 @@ extension Session {
         // its generation is the one the secret belongs to. The lease is recorded with it.
         let secret: SecureBytes
         let released: StoredItem
-        let wallDeadline = currentMicroseconds() + (seconds + 5_000) * 1_000
+        // Already rotated while this caller waited: no COMMAND will run, no lease to record.
+        let runsCommand = current.generation == item.generation
+        let wallDeadline = runsCommand ? currentMicroseconds() + (seconds + 5_000) * 1_000 : nil
         switch releaseLeased(current, request, method: method, appPassword: appPassword, until: wallDeadline) {
         case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
         case .success(let opened): (secret, released) = (opened.secret, opened.current)
         }
         if released.generation != item.generation {
-            // Rotated elsewhere: no COMMAND runs on this secret, the recorded lease goes.
-            if !forgetRecordedLease(item.id) { keptUntil = deadline }
+            // Rotated elsewhere: no COMMAND runs on this secret, a recorded lease goes.
+            if runsCommand && !forgetRecordedLease(item.id) { keptUntil = deadline }
             var r = Response(.ok)
             r.secret = secret
             r.generation = released.generation
@@ -138,12 +140,12 @@ extension Session {
     /// entry), with the lease recorded in the same transaction, so a secret never leaves for a
     /// COMMAND without a lease a restarted broker will honour.
     private func releaseLeased(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
-                               until: Int64) -> Result<Opened, Denial> {
+                               until: Int64?) -> Result<Opened, Denial> {
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(record, { (store) throws(StoreError) -> Opened in
             let opened = try store.openCurrentSecret(item, appPassword: appPassword)
             do throws(StoreError) {
-                try store.recordRotationLease(item.id, until: until)
+                if let until { try store.recordRotationLease(item.id, until: until) }
                 try store.append(record)
             } catch {
                 opened.secret.wipe()
