@@ -108,7 +108,8 @@ import KeyholdTestSupport
         // The broker kept the lease for the cut-off rotation: the second COMMAND started only
         // after the first's deadline (its timeout + 5 s after release), restart or not.
         let secondStarted = Double(started.last?.split(separator: " ").last ?? "") ?? 0
-        #expect(secondStarted - firstStarted >= Double(Self.firstTimeout + 5) * 1000 - 1_000,
+        // (Without the kept lease the gap is the 0.8 s of the cut; 3 s of slack for a busy host.)
+        #expect(secondStarted - firstStarted >= Double(Self.firstTimeout + 5 - 3) * 1000,
                 "the second COMMAND waited for the cut-off lease: \(started)")
     }
 
