@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <termios.h>
 #include <unistd.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -10,7 +11,7 @@
 /* fork + exec rather than posix_spawn: PR_SET_PDEATHSIG must be set in the child. Between
  * fork and exec the child makes only async-signal-safe calls. */
 pid_t ckh_spawn_bound(const char *path, char *const argv[], char *const envp[], int in_fd, int out_fd,
-                      volatile pid_t *group) {
+                      int tty_fd, volatile pid_t *group) {
     sigset_t all, old;
     sigfillset(&all);
     /* No handler runs between fork and `*group` being set (nor in the child before exec). */
@@ -19,6 +20,8 @@ pid_t ckh_spawn_bound(const char *path, char *const argv[], char *const envp[], 
     pid_t pid = fork();
     if (pid == 0) {
         if (setpgid(0, 0) != 0) _exit(127);
+        /* SIGTTOU is blocked here, so a background group may take the terminal. */
+        if (tty_fd >= 0) tcsetpgrp(tty_fd, getpid());
         if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0UL, 0UL, 0UL) != 0) _exit(127);
         /* The parent may have died before prctl: then nobody would kill us later. */
         if (getppid() != parent) _exit(127);
@@ -36,6 +39,7 @@ pid_t ckh_spawn_bound(const char *path, char *const argv[], char *const envp[], 
     if (pid > 0) {
         /* Also from this side, so the group exists before a handler could kill it. */
         setpgid(pid, pid);
+        if (tty_fd >= 0) tcsetpgrp(tty_fd, pid);
         *group = pid;
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -48,4 +52,15 @@ int ckh_exited_unreaped(pid_t pid) {
     info.si_pid = 0;
     if (waitid(P_PID, (id_t)pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0) return errno == EINTR ? 0 : -1;
     return info.si_pid == pid ? 1 : 0;
+}
+
+int ckh_take_terminal_back(int tty_fd) {
+    sigset_t ttou, old;
+    sigemptyset(&ttou);
+    sigaddset(&ttou, SIGTTOU);
+    /* From a background group tcsetpgrp raises SIGTTOU unless it is blocked. */
+    if (pthread_sigmask(SIG_BLOCK, &ttou, &old) != 0) return -1;
+    int rc = tcsetpgrp(tty_fd, getpgrp());
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
 }

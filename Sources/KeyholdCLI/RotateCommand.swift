@@ -75,7 +75,8 @@ enum RotateCommand {
     /// COMMAND with `input` on its stdin; its stdout if it exits 0 in time, else a thrown error.
     /// COMMAND does not outlive the rotation (issue 36 item 1): it leads its own process group,
     /// which is killed when it exits, times out, when the broker's connection ends, and by our
-    /// SIGINT/SIGTERM/SIGHUP handlers; and the kernel kills it if keyhold dies (kill -9).
+    /// SIGINT/SIGTERM/SIGHUP handlers; and the kernel kills it if keyhold dies (kill -9). On a
+    /// terminal its group is the foreground one while it runs (it may prompt; Ctrl-C reaches it).
     static func runCommand(_ path: String, _ args: [String], input: SecureBytes, seconds: UInt32,
                            broker: BrokerWatch) throws(KeyholdError) -> SecureBytes {
         var inPipe: [Int32] = [-1, -1], outPipe: [Int32] = [-1, -1]
@@ -83,9 +84,18 @@ enum RotateCommand {
         guard ckh_pipe_cloexec(&outPipe) == 0 else { close(inPipe[0]); close(inPipe[1]); throw .other("cannot create a pipe") }
         let argv = ([path] + args).map { strdup($0) } + [nil]
         let envp = Subprocess.currentEnvironment().map { strdup($0) } + [nil]
+        // On a terminal where we are in the foreground, COMMAND gets the foreground while it runs.
+        let tty = Terminal.open().flatMap { fd -> Int32? in
+            if tcgetpgrp(fd) == getpgrp() { return fd }
+            close(fd)
+            return nil
+        } ?? -1
         CommandGroup.arm()
-        defer { CommandGroup.disarm() }
-        let pid = ckh_spawn_bound(path, argv, envp, inPipe[0], outPipe[1], CommandGroup.leader)
+        defer {
+            if tty >= 0 { _ = ckh_take_terminal_back(tty); close(tty) }
+            CommandGroup.disarm()
+        }
+        let pid = ckh_spawn_bound(path, argv, envp, inPipe[0], outPipe[1], tty, CommandGroup.leader)
         argv.forEach { free($0) }
         envp.forEach { free($0) }
         close(inPipe[0]); close(outPipe[1])

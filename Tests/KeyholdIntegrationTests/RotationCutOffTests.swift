@@ -152,6 +152,31 @@ import KeyholdTestSupport
         #expect(quiet.stderr.contains("that secret is lost") && !quiet.stderr.contains("new-2"), "\(quiet.stderr)")
     }
 
+    /// On a terminal, COMMAND's own process group is the foreground one while it runs: it can
+    /// still prompt on /dev/tty (in a background group that read would stop it), and the
+    /// terminal comes back to keyhold's group afterwards. Run under script(1)'s pseudo-terminal.
+    @Test func commandCanStillPromptOnTheTerminal() throws {
+        let b = try BrokerFixture()
+        #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
+        let dir = b.directory
+        let body = """
+            #!/bin/sh
+            cat >/dev/null
+            IFS= read -r typed </dev/tty
+            printf %s "$typed"
+            """
+        try body.write(toFile: dir + "/prompting.sh", atomically: true, encoding: .utf8)
+        chmod(dir + "/prompting.sh", 0o755)
+        // After the rotate, the shell inside script(1) reads the terminal itself: had keyhold
+        // left its group in the background, that read would stop the shell.
+        let inner = "'\(TestPaths.keyhold)' --socket '\(b.socketPath)' rotate idp me --timeout 20 -- \(dir)/prompting.sh; "
+            + "echo rotate:$?; IFS= read -r after; echo after:$after"
+        let r = runCommand("/usr/bin/script", ["-qec", inner, "/dev/null"], stdin: Array("typed-on-tty\nsecond-line\n".utf8))
+        #expect(r.stdoutText.contains("rotate:0"), "\(r.stdoutText) \(r.stderr)")
+        #expect(r.stdoutText.contains("after:second-line"), "\(r.stdoutText)")
+        expectSecret(b.cli(["get", "idp", "me"]).stdoutText, equals: "typed-on-tty")
+    }
+
     /// COMMAND's own children die with the rotation too: its process group is killed.
     @Test func commandsChildrenDoNotOutliveTheRotation() throws {
         let b = try BrokerFixture()

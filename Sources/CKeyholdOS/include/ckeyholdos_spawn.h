@@ -7,10 +7,16 @@
  * it leads a new process group (so the whole group can be killed), gets SIGKILL when the
  * thread that started it dies (PR_SET_PDEATHSIG, so a kill -9 of keyhold takes it along),
  * and has stdin/stdout from `in_fd`/`out_fd`, stderr inherited, nothing else open, SIGPIPE at
- * its default. `*group` is set to its pid before any signal can be handled, so a handler that
- * kills the group never misses it. Returns the pid, or -1 with errno set. */
+ * its default. With `tty_fd` (the controlling terminal, ours in the foreground; else -1) its
+ * group becomes the terminal's foreground group, so it can still prompt on /dev/tty (a
+ * background group reading it would be stopped) and a Ctrl-C reaches it. `*group` is set to
+ * its pid before any signal can be handled, so a handler that kills the group never misses
+ * it. Returns the pid, or -1 with errno set. */
 pid_t ckh_spawn_bound(const char *path, char *const argv[], char *const envp[], int in_fd, int out_fd,
-                      volatile pid_t *group);
+                      int tty_fd, volatile pid_t *group);
+
+/* Makes the caller's process group the terminal's foreground group again. */
+int ckh_take_terminal_back(int tty_fd);
 
 /* 1 once `pid` has exited (left a zombie, not reaped: its process group cannot be reused
  * while the caller kills what is left of it), 0 while it runs, -1 on an error. */
