@@ -17,18 +17,17 @@ import KeyholdTestSupport
 
     enum Cut { case killCLI, terminateCLI, killBroker }
 
-    /// COMMAND: logs its start, sleeps 2 s, then "redeems" the token it was given (a line in
-    /// `redeemed`: old token, new token) and prints the new one.
+    /// COMMAND: logs its start; a child of it (as curl would be) sleeps 2 s, then "redeems" the
+    /// token (a line in `redeemed`: old token, new token) and prints the new one. That child
+    /// must die with the rotation too, not only COMMAND.
     func command(_ dir: String) throws -> String {
         let path = dir + "/redeem.sh"
         let body = """
             #!/bin/sh
             old=$(cat)
             echo "$$ $(date +%s%3N)" >> \(dir)/started
-            sleep 2
-            new="tok-$$-$(date +%s%N)"
-            echo "$old $new" >> \(dir)/redeemed
-            printf %s "$new"
+            /bin/sh -c 'sleep 2; new="tok-$$-$(date +%s%N)"; echo "$1 $new" >> "$2"; printf %s "$new"' redeem "$old" \(dir)/redeemed
+            exit $?
             """
         try body.write(toFile: path, atomically: true, encoding: .utf8)
         chmod(path, 0o755)
