@@ -73,9 +73,10 @@ enum RotateCommand {
     }
 
     /// COMMAND with `input` on its stdin; its stdout if it exits 0 in time, else a thrown error.
-    /// COMMAND does not outlive the rotation (issue 36 item 1): it leads its own process group,
-    /// which is killed when it exits, times out, when the broker's connection ends, and by our
-    /// SIGINT/SIGTERM/SIGHUP handlers; and the kernel kills it if keyhold dies (kill -9). On a
+    /// COMMAND does not outlive the rotation (issue 36 item 1): it runs in its own process
+    /// group (under a warden, CKeyholdOS/ckeyholdos_spawn.c), which is killed when COMMAND
+    /// exits, times out, when the broker's connection ends, by our SIGINT/SIGTERM/SIGHUP
+    /// handlers, and by the warden if keyhold dies (kill -9: PR_SET_PDEATHSIG). On a
     /// terminal its group is the foreground one while it runs (it may prompt; Ctrl-C reaches it).
     static func runCommand(_ path: String, _ args: [String], input: SecureBytes, seconds: UInt32,
                            broker: BrokerWatch) throws(KeyholdError) -> SecureBytes {
@@ -192,9 +193,9 @@ enum CommandGroup {
         Terminal.installInterruptHandler()
     }
 
-    /// Waits for `pid` until `deadline` (then kills it), or until the broker leaves (then
-    /// kills it too); then kills the rest of its group, before reaping the leader so the
-    /// group's id cannot have been reused.
+    /// Waits for `pid` (the warden, which exits as COMMAND does) until `deadline` or until the
+    /// broker leaves (either kills its group); then kills what is left of the group, before
+    /// reaping the leader so the group's id cannot have been reused.
     static func finish(_ pid: pid_t, deadline: Int64, broker: BrokerWatch) -> Status {
         var stopped: Status?
         while ckh_exited_unreaped(pid) == 0 {
