@@ -138,3 +138,15 @@ CREATE INDEX item_search_item ON item_search (item_id, tag);
 -- user's `keyhold audit`, its numbering, and `audit verify`'s count of their entries read
 -- that user's rows only, instead of every entry in the log.
 CREATE INDEX IF NOT EXISTS audit_uid ON audit (caller_uid, seq);
+
+-- migrate:6
+
+-- Rotation leases whose secret was released (issue 36 item 1): a row is written in the same
+-- transaction as the release's audit entry and removed with the rotation's commit or cancel.
+-- A rotation cut off (its connection ended, or the broker restarted) keeps its item leased
+-- until `until_us` (wall clock, µs), while the COMMAND that received the old secret may still
+-- run; a restarted broker reads this table and honours every unexpired row.
+CREATE TABLE IF NOT EXISTS rotation_leases (
+    item_id  BLOB PRIMARY KEY NOT NULL CHECK (length(item_id) = 16),
+    until_us INTEGER NOT NULL
+) WITHOUT ROWID;

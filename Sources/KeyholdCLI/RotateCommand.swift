@@ -41,9 +41,30 @@ enum RotateCommand {
         guard let path = resolve(program) else { throw .invalidRequest("command not found: \(program)") }
         let interaction = c.flag("--no-interaction") ? nil : PromptInteraction()
         signal(SIGPIPE, SIG_IGN)  // a command that does not read its stdin must not kill us
-        let result = try vault.rotate(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
-                                      timeout: timeout, expires: expires, interaction: interaction) { current throws -> SecureBytes in
-            try runCommand(path, Array(command.dropFirst()), input: current, seconds: timeout)
+        // A copy of what COMMAND printed, for the one case it would otherwise be lost: COMMAND
+        // finished (the provider has already replaced the token) but the commit did not happen.
+        var produced: SecureBytes?
+        defer { produced?.wipe() }
+        let result: RotationResult
+        do throws(KeyholdError) {
+            result = try vault.rotate(service: c.positionals[0], account: c.positionals[1], reason: c.value("--reason"),
+                                      timeout: timeout, expires: expires, interaction: interaction,
+                                      watchingBroker: { current, broker throws -> SecureBytes in
+                let output = try runCommand(path, Array(command.dropFirst()), input: current, seconds: timeout, broker: broker)
+                produced = output.withUnsafeBytes { SecureBytes(copying: $0) }
+                return output
+            })
+        } catch {
+            guard let produced else { throw error }
+            // README "When a rotation is cut off": said plainly, and with --print the secret
+            // still reaches the caller, who asked for it on stdout.
+            let printed = c.flag("--print") && Output.writeAll(1, produced)
+            Output.err("COMMAND finished but its new secret may not have been stored (\(error.description)). "
+                + "If the item's generation did not change, "
+                + (printed ? "store the new secret written to standard output with `keyhold put --update`."
+                           : "that secret is lost (the provider may have revoked the old one): sign in again and store "
+                             + "the new token with `keyhold put --update`; `rotate --print` writes it to standard output even then."))
+            throw error
         }
         defer { result.secret.wipe() }
         if c.flag("--print") && !Output.writeAll(1, result.secret) {
@@ -52,28 +73,52 @@ enum RotateCommand {
     }
 
     /// COMMAND with `input` on its stdin; its stdout if it exits 0 in time, else a thrown error.
-    static func runCommand(_ path: String, _ args: [String], input: SecureBytes, seconds: UInt32) throws(KeyholdError) -> SecureBytes {
+    /// COMMAND does not outlive the rotation (issue 36 item 1): it runs in its own process
+    /// group (under a warden, CKeyholdOS/ckeyholdos_spawn.c), which is killed when COMMAND
+    /// exits, times out, when the broker's connection ends, by our SIGINT/SIGTERM/SIGHUP
+    /// handlers, and by the warden if keyhold dies (kill -9: PR_SET_PDEATHSIG). On a
+    /// terminal its group is the foreground one while it runs (it may prompt; Ctrl-C reaches it).
+    static func runCommand(_ path: String, _ args: [String], input: SecureBytes, seconds: UInt32,
+                           broker: BrokerWatch) throws(KeyholdError) -> SecureBytes {
         var inPipe: [Int32] = [-1, -1], outPipe: [Int32] = [-1, -1]
         guard ckh_pipe_cloexec(&inPipe) == 0 else { throw .other("cannot create a pipe") }
         guard ckh_pipe_cloexec(&outPipe) == 0 else { close(inPipe[0]); close(inPipe[1]); throw .other("cannot create a pipe") }
-        let pid = Subprocess.spawn(path, args, stdinFD: inPipe[0], stdoutFD: outPipe[1])
+        let argv = ([path] + args).map { strdup($0) } + [nil]
+        let envp = Subprocess.currentEnvironment().map { strdup($0) } + [nil]
+        // On a terminal where we are in the foreground, COMMAND gets the foreground while it runs.
+        let tty = Terminal.open().flatMap { fd -> Int32? in
+            if tcgetpgrp(fd) == getpgrp() { return fd }
+            close(fd)
+            return nil
+        } ?? -1
+        CommandGroup.arm()
+        defer {
+            if tty >= 0 { _ = ckh_take_terminal_back(tty); close(tty) }
+            CommandGroup.disarm()
+        }
+        let pid = ckh_spawn_bound(path, argv, envp, inPipe[0], outPipe[1], tty, CommandGroup.leader)
+        argv.forEach { free($0) }
+        envp.forEach { free($0) }
         close(inPipe[0]); close(outPipe[1])
-        guard let pid else { close(inPipe[1]); close(outPipe[0]); throw .other("cannot run \(path)") }
+        guard pid > 0 else { close(inPipe[1]); close(outPipe[0]); throw .other("cannot run \(path)") }
         let deadline = MonotonicClock.milliseconds() + Int64(seconds) * 1000
         // The secret fits the pipe's buffer (64 KiB): written at once, then stdin closes.
         _ = Output.writeAll(inPipe[1], input)
         close(inPipe[1])
         let output = SecureBytes(count: Limits.maxSecretBytes + 1)
+        defer { output.wipe() }
         var count = 0
-        var timedOut = false
+        var ended: CommandEnd?
         output.withUnsafeMutableBytes { buf in
             while count < buf.count {
                 let left = deadline - MonotonicClock.milliseconds()
-                if left <= 0 { timedOut = true; break }
-                var pfd = pollfd(fd: outPipe[0], events: Int16(POLLIN), revents: 0)
-                let p = poll(&pfd, 1, Int32(clamping: left))
+                if left <= 0 { ended = .timedOut; break }
+                var fds = [pollfd(fd: outPipe[0], events: Int16(POLLIN), revents: 0),
+                           pollfd(fd: broker.fd, events: Int16(POLLIN), revents: 0)]
+                let p = poll(&fds, 2, Int32(clamping: left))
                 if p < 0 && errno == EINTR { continue }
-                if p == 0 { timedOut = true; break }
+                if p == 0 { ended = .timedOut; break }
+                if fds[1].revents != 0 { ended = .brokerLeft; break }
                 let n = read(outPipe[0], buf.baseAddress! + count, buf.count - count)
                 if n < 0 && errno == EINTR { continue }
                 if n <= 0 { break }
@@ -81,16 +126,23 @@ enum RotateCommand {
             }
         }
         close(outPipe[0])
-        let status = Subprocess.wait(pid, deadline: timedOut ? MonotonicClock.milliseconds() : deadline)
-        defer { output.wipe() }
-        if timedOut { throw .other("the command did not finish within \(seconds) s; nothing changed") }
+        let status = CommandGroup.finish(pid, deadline: ended == nil ? deadline : MonotonicClock.milliseconds(), broker: broker)
+        if ended == nil && status == .brokerLeft { ended = .brokerLeft }
+        switch ended {
+        case .timedOut: throw .other("the command did not finish within \(seconds) s; nothing changed")
+        case .brokerLeft:
+            throw .other("the broker's connection ended while the command ran; the command was stopped and nothing changed")
+        case nil: break
+        }
         guard count <= Limits.maxSecretBytes else {
             throw .invalidRequest("the command's output exceeds \(Limits.maxSecretBytes) bytes; nothing changed")
         }
-        guard let status else { throw .other("the command was killed; nothing changed") }
-        guard status == 0 else { throw .other("the command exited \(status); nothing changed") }
+        guard case .exited(let code) = status else { throw .other("the command was killed; nothing changed") }
+        guard code == 0 else { throw .other("the command exited \(code); nothing changed") }
         return output.withUnsafeBytes { SecureBytes(copying: UnsafeRawBufferPointer(rebasing: $0[0..<count])) }
     }
+
+    enum CommandEnd { case timedOut, brokerLeft }
 
     /// A command name as the shell would find it: a path as given, else the first match on $PATH.
     static func resolve(_ program: String) -> String? {
@@ -102,6 +154,70 @@ enum RotateCommand {
         }
         return nil
     }
+}
+
+/// COMMAND's process group while it runs, for the signal handlers: a handler cannot capture
+/// context, hence a global; it is allocated before a handler can read it.
+enum CommandGroup {
+    nonisolated(unsafe) static let leader: UnsafeMutablePointer<pid_t> = {
+        let p = UnsafeMutablePointer<pid_t>.allocate(capacity: 1)
+        p.initialize(to: 0)
+        return p
+    }()
+
+    enum Status: Equatable { case exited(Int32), killed, brokerLeft }
+
+    /// SIGHUP's disposition before `arm`: under `nohup` (ignored) it stays ignored.
+    nonisolated(unsafe) static var hangupBefore: sighandler_t?
+
+    /// SIGINT, SIGTERM or SIGHUP while COMMAND runs: its whole group is killed before we exit
+    /// (the broker then keeps the lease until the rotation's deadline: README).
+    static func arm() {
+        leader.pointee = 0
+        signal(SIGINT, stopSignal)
+        signal(SIGTERM, stopSignal)
+        let hangup = signal(SIGHUP, stopSignal)
+        hangupBefore = hangup
+        if unsafeBitCast(hangup, to: Int.self) == unsafeBitCast(SIG_IGN, to: Int.self) { signal(SIGHUP, SIG_IGN) }
+        // A parent may have started us with these blocked (Foundation's Process does).
+        var set = sigset_t()
+        sigemptyset(&set)
+        for s in [SIGINT, SIGTERM, SIGHUP] { sigaddset(&set, s) }
+        pthread_sigmask(SIG_UNBLOCK, &set, nil)
+    }
+
+    /// Back to the CLI's own handlers once COMMAND is gone.
+    static func disarm() {
+        leader.pointee = 0
+        signal(SIGHUP, hangupBefore ?? SIG_DFL)
+        Terminal.installInterruptHandler()
+    }
+
+    /// Waits for `pid` (the warden, which exits as COMMAND does) until `deadline` or until the
+    /// broker leaves (either kills its group); then kills what is left of the group, before
+    /// reaping the leader so the group's id cannot have been reused.
+    static func finish(_ pid: pid_t, deadline: Int64, broker: BrokerWatch) -> Status {
+        var stopped: Status?
+        while ckh_exited_unreaped(pid) == 0 {
+            if stopped == nil && broker.brokerLeft() { stopped = .brokerLeft }
+            if stopped == nil && MonotonicClock.milliseconds() >= deadline { stopped = .killed }
+            if stopped != nil { kill(-pid, SIGKILL) }
+            usleep(5_000)
+        }
+        kill(-pid, SIGKILL)
+        leader.pointee = 0
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        if let stopped { return stopped }
+        // WIFEXITED / WEXITSTATUS are macros Swift does not import.
+        return status & 0x7f == 0 ? .exited((status >> 8) & 0xff) : .killed
+    }
+}
+
+private let stopSignal: @convention(c) (Int32) -> Void = { _ in
+    let group = CommandGroup.leader.pointee
+    if group > 0 { kill(-group, SIGKILL) }
+    _exit(Int32(Outcome.userCanceled.rawValue))
 }
 
 extension Output {

@@ -1,3 +1,4 @@
+import Glibc
 import KeyholdCore
 import KeyholdProtocol
 
@@ -28,6 +29,17 @@ extension Vault {
     public func rotate(service: String, account: String, reason: String? = nil, timeout: UInt32? = nil,
                        expires: Int64? = nil, interaction: Interaction? = nil,
                        _ body: (SecureBytes) throws -> SecureBytes) throws(KeyholdError) -> RotationResult {
+        try rotate(service: service, account: account, reason: reason, timeout: timeout, expires: expires,
+                   interaction: interaction, watchingBroker: { current, _ in try body(current) })
+    }
+
+    /// `rotate`, with `body` also given the broker's connection to watch while it works: the
+    /// broker sends nothing until `body` returns, so that socket turning readable means the
+    /// broker is gone (or restarting), and whatever `body` started (`keyhold rotate`'s COMMAND)
+    /// should stop: its result could not be committed.
+    public func rotate(service: String, account: String, reason: String? = nil, timeout: UInt32? = nil,
+                       expires: Int64? = nil, interaction: Interaction? = nil,
+                       watchingBroker body: (SecureBytes, BrokerWatch) throws -> SecureBytes) throws(KeyholdError) -> RotationResult {
         if let timeout, timeout == 0 || timeout > Limits.maxRotationSeconds {
             throw .invalidRequest("the timeout must be 1 to \(Limits.maxRotationSeconds) seconds")
         }
@@ -40,26 +52,35 @@ extension Vault {
         var failure: KeyholdError?
         let conn = try BrokerConnection(socketPath: socketPath)
         defer { conn.close() }
-        let response = try conn.perform(r, interaction: interaction, onRotation: { current, _ in
-            do {
-                var next = try body(current)
-                // `current` is wiped once this returns, before the reply is sent: a body that
-                // hands it back (the token is still good) must not store zeros.
-                if next === current { next = current.withUnsafeBytes { SecureBytes(copying: $0) } }
-                guard next.count <= Limits.maxSecretBytes else {
-                    next.wipe()
-                    failure = .invalidRequest("the new secret exceeds the \(Limits.maxSecretBytes)-byte limit; nothing changed")
-                    return .cancel
+        let watch = BrokerWatch(fd: conn.fd)
+        let response: Response
+        do throws(KeyholdError) {
+            response = try conn.perform(r, interaction: interaction, onRotation: { current, _ in
+                do {
+                    var next = try body(current, watch)
+                    // `current` is wiped once this returns, before the reply is sent: a body that
+                    // hands it back (the token is still good) must not store zeros.
+                    if next === current { next = current.withUnsafeBytes { SecureBytes(copying: $0) } }
+                    guard next.count <= Limits.maxSecretBytes else {
+                        next.wipe()
+                        failure = .invalidRequest("the new secret exceeds the \(Limits.maxSecretBytes)-byte limit; nothing changed")
+                        return .cancel
+                    }
+                    produced = next
+                    return .rotated(next, expires: expires)
+                } catch let e as KeyholdError {
+                    failure = e
+                } catch {
+                    failure = .other("the rotation failed (\(error)); nothing changed")
                 }
-                produced = next
-                return .rotated(next, expires: expires)
-            } catch let e as KeyholdError {
-                failure = e
-            } catch {
-                failure = .other("the rotation failed (\(error)); nothing changed")
-            }
-            return .cancel
-        })
+                return .cancel
+            })
+        } catch {
+            // The body's own failure explains more than the cancel that could not be sent
+            // (the broker gone while COMMAND ran).
+            produced?.wipe()
+            throw failure ?? error
+        }
         if let failure {
             produced?.wipe()
             response.secret?.wipe()
@@ -76,6 +97,18 @@ extension Vault {
         guard let secret = response.secret else { throw .other("the broker released no secret") }
         return RotationResult(secret: secret, generation: response.generation ?? 0, expires: response.expires,
                               rotatedHere: false)
+    }
+}
+
+/// The broker's end of a rotation in progress, for a body to watch (poll for input: any
+/// means the connection ended). Never read from or written to by the body.
+public struct BrokerWatch: Sendable {
+    public let fd: Int32
+
+    /// True once the broker's side of the connection has closed or failed.
+    public func brokerLeft() -> Bool {
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        return poll(&pfd, 1, 0) > 0
     }
 }
 

@@ -38,7 +38,7 @@ public enum GitCredentialParseError: Error, Equatable, CustomStringConvertible {
         case .valueTooLong(let k, let l, let limit): "line \(l): \(k) exceeds \(limit) bytes; nothing done"
         case .notUTF8(let k, let l): "line \(l): \(k) is not UTF-8 text; nothing done"
         case .badExpiry(let l): "line \(l): password_expiry_utc is not a number of seconds; nothing done"
-        case .badURL(let l): "line \(l): url is not scheme://host[/path]; nothing done"
+        case .badURL(let l): "line \(l): url is not scheme://[user@]host[/path] as git reads it; nothing done"
         }
     }
 }
@@ -111,24 +111,27 @@ public enum GitCredentialProtocol {
             }
             c.passwordExpiryUTC = n
         case "url":
-            // As git does: a url sets protocol, host (with port), optional username and path.
-            let u = try text()
-            guard let schemeEnd = u.firstRange(of: "://"), !u[..<schemeEnd.lowerBound].isEmpty else { throw .badURL(line: line) }
-            c.protocolName = String(u[..<schemeEnd.lowerBound])
-            var rest = u[schemeEnd.upperBound...]
-            var pathPart: Substring?
-            if let slash = rest.firstIndex(of: "/") {
-                pathPart = rest[rest.index(after: slash)...]
-                rest = rest[..<slash]
+            // As git's credential_read: a url clears everything read before it, then sets
+            // protocol, host, path, username and password exactly as git's parser would.
+            guard value.count <= Limits.maxTextBytes + Limits.maxSecretBytes else {
+                throw .valueTooLong(key: key, line: line, limit: Limits.maxTextBytes + Limits.maxSecretBytes)
             }
-            if let at = rest.lastIndex(of: "@") {
-                // Only the user: a password in a url is not taken (it would sit in a String).
-                c.username = String(rest[..<at].split(separator: ":", maxSplits: 1, omittingEmptySubsequences: false)[0])
-                rest = rest[rest.index(after: at)...]
+            let parts: GitCredentialURL.Parts
+            do throws(GitCredentialURL.Refusal) {
+                parts = try GitCredentialURL.parse(value)
+            } catch .notUTF8 {
+                throw .notUTF8(key: key, line: line)
+            } catch {
+                throw .badURL(line: line)
             }
-            guard !rest.isEmpty else { throw .badURL(line: line) }
-            c.host = String(rest)
-            if let p = pathPart, !p.isEmpty { c.path = String(p) }
+            c.wipe()
+            c.protocolName = parts.protocolName
+            c.host = parts.host
+            c.path = parts.path
+            c.username = parts.username
+            c.password = parts.password
+            c.passwordExpiryUTC = nil
+            c.oauthRefreshToken = nil
         default:
             break  // unknown attributes are ignored, never an error
         }

@@ -24,8 +24,9 @@ import KeyholdTestSupport
     }
 
     @Test func lastValueWinsAndURLDecomposes() throws {
-        let c = try GitCredentialProtocol.parse(bytes("password=one\npassword=two\nurl=http://bob:ignored@127.0.0.1:9/r.git\n"))
-        expectSecret(text(c.password), equals: "two")
+        // A url replaces what came before it, its password included (as git's credential_read).
+        let c = try GitCredentialProtocol.parse(bytes("password=one\npassword=two\nurl=http://bob:from-url@127.0.0.1:9/r.git\n"))
+        expectSecret(text(c.password), equals: "from-url")
         #expect(c.protocolName == "http" && c.host == "127.0.0.1:9" && c.username == "bob" && c.path == "r.git")
         #expect(throws: GitCredentialParseError.badURL(line: 1)) { try GitCredentialProtocol.parse(bytes("url=nohost\n")) }
     }

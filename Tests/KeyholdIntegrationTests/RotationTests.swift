@@ -161,8 +161,10 @@ import KeyholdTestSupport
         #expect(current(b).generation == 2)
     }
 
-    /// `keyhold rotate` itself killed with SIGKILL while COMMAND runs: the broker sees the
-    /// connection close, commits nothing and frees the lease at once.
+    /// The shell that started `keyhold rotate` killed with SIGKILL (keyhold itself lives on),
+    /// then COMMAND killed by someone else: keyhold cancels, nothing changes, and the cancel
+    /// frees the lease at once. (keyhold itself killed: RotationCutOffTests, where the lease is
+    /// kept until the rotation's deadline.)
     @Test func rotateKilledMidRotationChangesNothing() throws {
         let b = try BrokerFixture()
         #expect(b.cli(["put", "idp", "me"], stdin: Array("old".utf8)).status == 0)
