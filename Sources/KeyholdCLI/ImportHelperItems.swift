@@ -3,7 +3,7 @@
 /// A copy, on purpose kept to these few lines, of `CredentialMapping.gitService`, `gitLabel`,
 /// `dockerHost` and `dockerService` in KeyholdCredentialHelpers: that target depends on this one,
 /// so this one cannot call it. They belong here (public), with CredentialMapping calling them.
-/// `ImportHelperItemsTests` stores through the real helpers and imports the same credentials,
+/// `ImportCredentialHelperTests` stores through the real helpers and imports the same credentials,
 /// so a change to either side that makes them differ fails there.
 enum HelperItemNames {
     static let gitLabel = "git credential"
