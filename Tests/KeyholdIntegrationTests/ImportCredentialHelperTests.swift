@@ -105,6 +105,23 @@ import KeyholdTestSupport
         #expect(600 / seconds >= 100)
     }
 
+    /// On a terminal the import redraws one progress line in place; without one (every other
+    /// test here) stderr stays empty.
+    @Test func progressLineOnATerminalOnly() throws {
+        let b = try BrokerFixture()
+        let user = try TestUser()
+        let dir = try ImportFiles.ownedDirectory(by: user)
+        let file = dir + "/some"
+        try ImportFiles.write(file, owner: user, (0..<50).map { "https://u\($0):pw-\($0)@h\($0).example.com\n" }.joined())
+        // util-linux `script` runs the import on a pseudo-terminal and copies what it draws.
+        let r = runCommand("/usr/bin/script", ["-q", "-e", "-c", "\"$KH_BIN\" --socket \"$KH_SOCK\" import git-credentials \"$KH_FILE\"", "/dev/null"],
+                           environment: ["KH_BIN": TestPaths.keyhold, "KH_SOCK": b.socketPath, "KH_FILE": file], asUser: user.name)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(r.stdoutText.contains("\r\u{1b}[Kkeyhold: import: 50/50: imported 50, already present 0, failed 0\r\n"), "\(r.stdoutText.debugDescription)")
+        let quiet = b.cli(["import", "git-credentials", file], asUser: user.name)
+        #expect(quiet.stdoutText == "imported 0, already present 50, failed 0\n" && quiet.stderr.isEmpty, "\(quiet.stderr)")
+    }
+
     // MARK: docker
 
     static let dockerAuths: [(url: String, user: String, secret: String)] = [
