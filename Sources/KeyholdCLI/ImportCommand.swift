@@ -126,11 +126,17 @@ struct ImportDriver {
         var progress = ImportProgress(total: source.entries.count)
         for u in source.unusable { fail(u.origin, u.reason, &progress) }
         for s in source.skipped { progress.note("\(s.origin): skipped: \(s.reason)") }
+        // Items this run made: another entry of the source naming one of them is a conflict
+        // in the source (two passwords for one name), shown as a failure, not "present".
+        var madeNow = Set<String>()
         for entry in source.entries {
             defer { progress.update(counts) }
-            let present = (entry.onePerService || entry.account == nil) ? services.contains(entry.service)
-                : items.contains(Self.key(entry.service, entry.account!))
-            if present {
+            let wanted = entry.onePerService || entry.account == nil ? entry.service : Self.key(entry.service, entry.account!)
+            if madeNow.contains(wanted) {
+                fail(entry.origin, "names the same item as an earlier entry of the source; only the earlier one was imported", &progress)
+                continue
+            }
+            if entry.onePerService || entry.account == nil ? services.contains(wanted) : items.contains(wanted) {
                 counts.present += 1
                 continue
             }
@@ -147,14 +153,17 @@ struct ImportDriver {
             do throws(KeyholdError) {
                 try store(entry, account: opened.account, secret: opened.secret, &progress)
                 counts.imported += 1
+                madeNow.insert(wanted)
             } catch .duplicateItem {
-                counts.present += 1
+                counts.present += 1  // stored meanwhile by someone else
             } catch {
                 switch error {
                 case .brokerUnavailable, .auditUnavailable, .integrityFailure:
                     progress.finish(counts)
                     throw error  // every later entry would fail the same way
-                default: fail(entry.origin, error.description, &progress)
+                default:
+                    fail(entry.origin, error.description, &progress)
+                    continue
                 }
             }
             items.insert(key)

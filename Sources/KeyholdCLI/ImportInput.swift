@@ -19,16 +19,14 @@ enum ImportInput {
         return bytes
     }
 
-    /// Runs `path` with `arguments` (never a secret among them), its stdin `stdinFD` (or
-    /// /dev/null) and our stderr (its own prompts and messages); its stdout, at most `limit`
-    /// bytes (one more means too much), and its exit status (nil: killed by a signal).
-    static func capture(_ path: String, _ arguments: [String], stdinFD: Int32?, limit: Int) -> (output: SecureBytes, status: Int32?)? {
+    /// Runs `path` with `arguments` (never a secret among them), our stdin (its prompts may
+    /// read the terminal) and our stderr (its own messages); its stdout, at most `limit` bytes
+    /// (one more means too much), and its exit status (nil: killed by a signal).
+    static func capture(_ path: String, _ arguments: [String], limit: Int) -> (output: SecureBytes, status: Int32?)? {
         var out: [Int32] = [-1, -1]
         guard ckh_pipe_cloexec(&out) == 0 else { return nil }
-        let null = stdinFD == nil ? open("/dev/null", O_RDONLY | O_CLOEXEC) : -1
-        let pid = Subprocess.spawn(path, arguments, stdinFD: stdinFD ?? null, stdoutFD: out[1])
+        let pid = Subprocess.spawn(path, arguments, stdinFD: 0, stdoutFD: out[1])
         close(out[1])
-        if null >= 0 { close(null) }
         guard let pid else { close(out[0]); return nil }
         let output = readAll(out[0], limit: limit) ?? SecureBytes(count: 0)
         close(out[0])  // a program still writing past the limit gets EPIPE and ends

@@ -19,7 +19,7 @@ enum ImportKeePassXC {
         var args = ["export", "--format", "csv"]
         if let keyFile { args += ["--key-file", keyFile] }
         if noPassword { args.append("--no-password") }
-        guard let (csv, status) = ImportInput.capture(cli, args + [database], stdinFD: 0, limit: exportLimit) else {
+        guard let (csv, status) = ImportInput.capture(cli, args + [database], limit: exportLimit) else {
             throw .other("cannot run keepassxc-cli")
         }
         defer { csv.wipe() }

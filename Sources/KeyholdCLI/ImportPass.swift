@@ -57,9 +57,10 @@ enum ImportPass {
         }
     }
 
-    /// The entry decrypted through gpg (stdin /dev/null: pinentry, not us, talks to the user).
+    /// The entry decrypted through gpg. Our stdin is its stdin, so gpg names our terminal to its
+    /// agent and pinentry (not keyhold) asks for the passphrase there, as under `pass show`.
     static func decrypt(_ gpg: String, _ file: String, fallbackAccount: String) throws(KeyholdError) -> (account: String, secret: SecureBytes) {
-        guard let (plain, status) = ImportInput.capture(gpg, ["--quiet", "--yes", "--decrypt", "--", file], stdinFD: nil,
+        guard let (plain, status) = ImportInput.capture(gpg, ["--quiet", "--yes", "--decrypt", "--", file],
                                                         limit: Limits.maxSecretBytes) else {
             throw .other("cannot run gpg")
         }
