@@ -17,9 +17,10 @@ enum ExportCommand {
         OptionSpec("--no-interaction", help: "skip items that would need a prompt, rather than prompt"),
         OptionSpec("--reason", value: "TEXT", help: "why (shown at each prompt and audited; default 'export')"),
     ], summary: """
-        Writes your items with their secrets as JSON Lines (service, account, label, kind, policy,
-        reuse_seconds, allowed_executables, expires, secret in base64) to FILE, created 0600 and
-        never replaced; with --recipient, encrypted by age. Each item is released under its policy.
+        Writes your items, secrets included, to a new file (or through age).
+        One JSON line per item (service, account, label, kind, policy, reuse_seconds,
+        allowed_executables, expires, secret in base64); FILE is created 0600 and never
+        replaced. Each item is released under its policy, as by get, and audited.
         """)
 
     static func run(_ vault: Vault, _ c: ParsedCommand) throws(KeyholdError) -> Int32 {
@@ -52,8 +53,10 @@ enum ExportCommand {
         for item in items where !writeFailed {
             let released: ReleasedSecret
             do throws(KeyholdError) {
-                released = try vault.release(service: item.service, account: item.account, reason: c.value("--reason") ?? "export",
-                                             interaction: interaction)
+                released = try BusyBroker.waiting({}) { () throws(KeyholdError) in
+                    try vault.release(service: item.service, account: item.account, reason: c.value("--reason") ?? "export",
+                                      interaction: interaction)
+                }
             } catch {
                 switch error {
                 case .interactionNotAllowed, .notAuthorized, .userCanceled:

@@ -13,30 +13,35 @@ enum ImportCommand {
     ]
 
     static let spec = CommandSpec("import", summary: """
-        Moves secrets in from pass, KeePassXC, ~/.git-credentials or a docker/podman config.json.
+        Moves secrets in from pass, KeePassXC, ~/.git-credentials or a docker config.json.
+        Each source is only read; an item that exists already is left alone (already present).
         """, subcommands: [
         CommandSpec("import git-credentials", positionals: ["FILE"], options: policyOptions, summary: """
-            Imports a git credential-store file (~/.git-credentials) into the items the git helper
-            (git-credential-keyhold) would have made.
+            Imports a git credential-store file as the git helper's items.
+            FILE is usually ~/.git-credentials; each line becomes the item git-credential-keyhold
+            would have stored for it (service git:PROTOCOL://HOST[/PATH], account the user).
             """),
         CommandSpec("import docker-config", positionals: ["FILE"], options: policyOptions, summary: """
-            Imports the "auths" of a docker config.json (podman/skopeo: auth.json) into the items
-            the docker helper (docker-credential-keyhold) would have made.
+            Imports a docker config.json's "auths" as the docker helper's items.
+            FILE is ~/.docker/config.json (podman, skopeo: auth.json); each registry becomes the
+            item docker-credential-keyhold would have stored (service docker:HOST).
             """),
         CommandSpec("import pass", options: policyOptions + [
             OptionSpec("--store", value: "DIR", help: "the password store (default $PASSWORD_STORE_DIR, else ~/.password-store)"),
         ], summary: """
-            Imports a pass store, each entry decrypted by gpg (its agent asks for the key's
-            passphrase): item pass:ENTRY, account its login:/username:/user: line, else the
-            entry's name; the secret is the whole entry, as `pass show` prints it.
+            Imports a pass store, each entry decrypted by gpg.
+            gpg's agent asks for the key's passphrase. Item pass:ENTRY, account its login:,
+            username: or user: line, else the entry's name; the secret is the whole entry, as
+            `pass show` prints it.
             """),
         CommandSpec("import keepassxc", positionals: ["DATABASE"], options: policyOptions + [
             OptionSpec("--key-file", value: "FILE", help: "the database's key file"),
             OptionSpec("--no-password", help: "the database has no password (a key file only)"),
         ], summary: """
-            Imports a KeePassXC database through `keepassxc-cli export` (it asks for the database
-            password, or reads it from standard input): item keepassxc:GROUP/TITLE, account the
-            user name (else the title), label the URL, secret the password.
+            Imports a KeePassXC database through keepassxc-cli export.
+            keepassxc-cli asks for the database password (or reads it from standard input).
+            Item keepassxc:GROUP/TITLE, account the user name (else the title), label the URL,
+            secret the password; notes and TOTP seeds stay in the database.
             """),
     ])
 
@@ -111,8 +116,6 @@ struct ImportDriver {
     let vault: Vault
     let access: AccessControl
     var counts = (imported: 0, present: 0, failed: 0)
-    /// How long one item may wait on a busy broker (the uid's audit budget) before it counts as failed.
-    static let busyLimitMs: Int64 = 60_000
 
     init(vault: Vault, access: AccessControl) {
         self.vault = vault
@@ -176,20 +179,10 @@ struct ImportDriver {
         return counts
     }
 
-    /// `add`, waiting out *busy* (the uid's audit budget refills at its own pace) up to a bound.
+    /// `add`, waiting out *busy* (the uid's audit budget).
     func store(_ e: ImportEntry, account: String, secret: SecureBytes, _ progress: inout ImportProgress) throws(KeyholdError) {
-        let start = MonotonicClock.milliseconds()
-        var pause: UInt32 = 50_000
-        while true {
-            do throws(KeyholdError) {
-                try vault.add(secret, service: e.service, account: account, label: e.label, kind: e.kind, access: access)
-                return
-            } catch .busy(let why) {
-                guard MonotonicClock.milliseconds() - start < Self.busyLimitMs else { throw .busy(why) }
-                progress.waiting()
-                usleep(pause)
-                pause = min(pause * 2, 1_000_000)
-            }
+        try BusyBroker.waiting({ progress.waiting() }) { () throws(KeyholdError) in
+            try vault.add(secret, service: e.service, account: account, label: e.label, kind: e.kind, access: access)
         }
     }
 
@@ -243,5 +236,27 @@ struct ImportProgress {
     private mutating func clear() {
         if drawn { Output.write(2, "\r\u{1b}[K") }
         drawn = false
+    }
+}
+
+/// A non-root uid's bulk work outruns its audit budget (1 MiB, refilled at 4 KiB/s): the broker
+/// answers *busy* without doing the request. Import and export wait it out, for each item up to
+/// a minute, rather than counting the item failed.
+enum BusyBroker {
+    static let limitMs: Int64 = 60_000
+
+    static func waiting<T>(_ onWait: () -> Void, _ body: () throws(KeyholdError) -> T) throws(KeyholdError) -> T {
+        let start = MonotonicClock.milliseconds()
+        var pause: UInt32 = 50_000
+        while true {
+            do throws(KeyholdError) {
+                return try body()
+            } catch .busy(let why) {
+                guard MonotonicClock.milliseconds() - start < limitMs else { throw .busy(why) }
+                onWait()
+                usleep(pause)
+                pause = min(pause * 2, 1_000_000)
+            }
+        }
     }
 }
