@@ -162,7 +162,7 @@ struct ImportDriver {
             } catch {
                 switch error {
                 case .brokerUnavailable, .auditUnavailable, .integrityFailure:
-                    progress.finish(counts)
+                    progress.finish()
                     throw error  // every later entry would fail the same way
                 default:
                     fail(entry.origin, error.description, &progress)
@@ -172,7 +172,7 @@ struct ImportDriver {
             items.insert(key)
             services.insert(entry.service)
         }
-        progress.finish(counts)
+        progress.finish()
         var summary = "imported \(counts.imported), already present \(counts.present), failed \(counts.failed)"
         if !source.skipped.isEmpty { summary += ", skipped \(source.skipped.count)" }
         Output.out(summary + "\n")
@@ -223,7 +223,7 @@ struct ImportProgress {
         Output.err("import: \(text)")
     }
 
-    mutating func finish(_ c: (imported: Int, present: Int, failed: Int)) {
+    mutating func finish() {
         if drawn { Output.write(2, "\n") }
         drawn = false
     }
