@@ -120,17 +120,21 @@ import KeyholdTestSupport
     @Test func keepassDatabaseImportedTwice() throws {
         let b = try BrokerFixture()
         let user = try TestUser()
-        let db = try Self.keepassDatabase(user, Self.keepassEntries)
+        let db = try Self.keepassDatabase(user, Self.keepassEntries + [("", "Old", "old", "", nil, "kp-old-5d")])
+        // Deleted in KeePassXC: moved to its recycle bin, which is not moved in.
+        let rm = runCommand("/usr/bin/keepassxc-cli", ["rm", "-q", db, "Old"], stdin: Array((Self.databasePassword + "\n").utf8), asUser: user.name)
+        #expect(rm.status == 0, "\(rm.stderr)")
         let before = try ImportFiles.snapshot((db as NSString).deletingLastPathComponent)
 
         let first = b.cli(["import", "keepassxc", db], stdin: Array((Self.databasePassword + "\n").utf8), asUser: user.name)
         #expect(first.status == 0, "\(first.stderr)")
-        #expect(first.stdoutText.hasPrefix("imported 3, already present 0, failed 0\n"), "\(first.stdoutText) \(first.stderr)")
+        #expect(first.stdoutText.hasPrefix("imported 3, already present 0, failed 0, skipped 1\n"), "\(first.stdoutText) \(first.stderr)")
+        #expect(first.stderr.contains("(Old): skipped: in the recycle bin"), "\(first.stderr)")
         #expect(first.stdoutText.contains("1 imported entries also have notes"), "\(first.stdoutText)")
         let second = b.cli(["import", "keepassxc", db], stdin: Array((Self.databasePassword + "\n").utf8), asUser: user.name)
-        #expect(second.stdoutText.hasPrefix("imported 0, already present 3, failed 0\n"), "\(second.stdoutText) \(second.stderr)")
+        #expect(second.stdoutText.hasPrefix("imported 0, already present 3, failed 0, skipped 1\n"), "\(second.stdoutText) \(second.stderr)")
         #expect(try ImportFiles.snapshot((db as NSString).deletingLastPathComponent) == before, "the database is unchanged")
-        for r in [first, second] { ImportFiles.expectNoSecret(r, ["kp-one", "kp-two", "kp-three", Self.databasePassword]) }
+        for r in [first, second] { ImportFiles.expectNoSecret(r, ["kp-one", "kp-two", "kp-three", "kp-old", Self.databasePassword]) }
 
         let items = ImportFiles.items(b, asUser: user.name)
         #expect(items.count == 3)
