@@ -108,6 +108,9 @@ struct ImportSource {
     var unusable: [(origin: String, reason: String)] = []
     var skipped: [(origin: String, reason: String)] = []
     var afterward: String?
+    /// Told which entries (indices) will be opened, in order, before the first is (pass
+    /// decrypts them several at a time).
+    var plan: (([Int]) -> Void)?
 }
 
 /// Stores a source's entries one by one on one kept connection, counting imported, already
@@ -132,14 +135,21 @@ struct ImportDriver {
         // Items this run made: another entry of the source naming one of them is a conflict
         // in the source (two passwords for one name), shown as a failure, not "present".
         var madeNow = Set<String>()
+        func wanted(_ entry: ImportEntry) -> String {
+            entry.onePerService || entry.account == nil ? entry.service : Self.key(entry.service, entry.account!)
+        }
+        func present(_ entry: ImportEntry) -> Bool {
+            entry.onePerService || entry.account == nil ? services.contains(wanted(entry)) : items.contains(wanted(entry))
+        }
+        source.plan?(source.entries.indices.filter { !present(source.entries[$0]) })
         for entry in source.entries {
             defer { progress.update(counts) }
-            let wanted = entry.onePerService || entry.account == nil ? entry.service : Self.key(entry.service, entry.account!)
+            let wanted = wanted(entry)
             if madeNow.contains(wanted) {
                 fail(entry.origin, "names the same item as an earlier entry of the source; only the earlier one was imported", &progress)
                 continue
             }
-            if entry.onePerService || entry.account == nil ? services.contains(wanted) : items.contains(wanted) {
+            if present(entry) {
                 counts.present += 1
                 continue
             }

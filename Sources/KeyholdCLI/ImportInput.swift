@@ -23,14 +23,24 @@ enum ImportInput {
     /// read the terminal) and our stderr (its own messages); its stdout, at most `limit` bytes
     /// (one more means too much), and its exit status (nil: killed by a signal).
     static func capture(_ path: String, _ arguments: [String], limit: Int) -> (output: SecureBytes, status: Int32?)? {
+        start(path, arguments).map { collect($0, limit: limit) }
+    }
+
+    /// `capture` in two halves, so several programs can run at once: started, its stdout a pipe...
+    static func start(_ path: String, _ arguments: [String]) -> (pid: pid_t, stdout: Int32)? {
         var out: [Int32] = [-1, -1]
         guard ckh_pipe_cloexec(&out) == 0 else { return nil }
         let pid = Subprocess.spawn(path, arguments, stdinFD: 0, stdoutFD: out[1])
         close(out[1])
         guard let pid else { close(out[0]); return nil }
-        let output = readAll(out[0], limit: limit) ?? SecureBytes(count: 0)
-        close(out[0])  // a program still writing past the limit gets EPIPE and ends
-        return (output, Subprocess.wait(pid))
+        return (pid, out[0])
+    }
+
+    /// ...then read to its end and waited for.
+    static func collect(_ child: (pid: pid_t, stdout: Int32), limit: Int) -> (output: SecureBytes, status: Int32?) {
+        let output = readAll(child.stdout, limit: limit) ?? SecureBytes(count: 0)
+        close(child.stdout)  // a program still writing past the limit gets EPIPE and ends
+        return (output, Subprocess.wait(child.pid))
     }
 
     /// All of `fd` up to `limit + 1` bytes, in guarded chunks joined at the end; nil on a read error.

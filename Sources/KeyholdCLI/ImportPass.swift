@@ -22,12 +22,14 @@ enum ImportPass {
         var source = ImportSource()
         var names: [String] = []
         walk(dir, "", depth: 0, into: &names, &source)
-        for name in names.sorted() {
-            let file = "\(dir)/\(name).gpg"
+        names.sort()
+        let decryptor = Decryptor(gpg: gpg, files: names.map { "\(dir)/\($0).gpg" })
+        source.plan = { decryptor.planned = $0 }
+        for (index, name) in names.enumerated() {
             let last = String(name.split(separator: "/").last ?? Substring(name))
             source.entries.append(ImportEntry(origin: name, service: prefix + name, account: nil, label: "pass",
                                               kind: .password, onePerService: true,
-                                              open: { () throws(KeyholdError) in try decrypt(gpg, file, fallbackAccount: last) }))
+                                              open: { () throws(KeyholdError) in try decryptor.open(index, fallbackAccount: last) }))
         }
         return source
     }
@@ -57,22 +59,52 @@ enum ImportPass {
         }
     }
 
-    /// The entry decrypted through gpg. Our stdin is its stdin, so gpg names our terminal to its
-    /// agent and pinentry (not keyhold) asks for the passphrase there, as under `pass show`.
-    static func decrypt(_ gpg: String, _ file: String, fallbackAccount: String) throws(KeyholdError) -> (account: String, secret: SecureBytes) {
-        guard let (plain, status) = ImportInput.capture(gpg, ["--quiet", "--yes", "--decrypt", "--", file],
-                                                        limit: Limits.maxSecretBytes) else {
-            throw .other("cannot run gpg")
+    /// Decrypts the entries the driver will store, in its order, with up to `ahead` gpg
+    /// processes at once (one gpg per entry is the import's cost: about 25 ms here). Each
+    /// child's stdout is a pipe read only when its entry is opened; an entry's text fits the
+    /// pipe, so the children ahead finish meanwhile. Our stdin is theirs, so gpg names our
+    /// terminal to its agent and pinentry (not keyhold) asks for a passphrase there, as under
+    /// `pass show`; the agent asks once at a time.
+    final class Decryptor {
+        static let ahead = 4
+        let gpg: String
+        let files: [String]
+        /// The entries to open, in order (the new ones), and where each stands in that order.
+        var planned: [Int] = [] { didSet { position = Dictionary(uniqueKeysWithValues: planned.enumerated().map { ($1, $0) }) } }
+        private var position: [Int: Int] = [:]
+        private var running: [Int: (pid: pid_t, stdout: Int32)] = [:]
+
+        init(gpg: String, files: [String]) {
+            self.gpg = gpg
+            self.files = files
         }
-        guard status == 0 else {
-            plain.wipe()
-            throw .other(status.map { "gpg could not decrypt it (exit \($0))" } ?? "gpg was killed")
+
+        deinit {
+            // Children started ahead for entries never opened (the import stopped early).
+            for (_, child) in running {
+                kill(child.pid, SIGTERM)
+                ImportInput.collect(child, limit: 0).output.wipe()
+            }
         }
-        guard plain.count <= Limits.maxSecretBytes else {
-            plain.wipe()
-            throw .invalidRequest("the entry is larger than \(Limits.maxSecretBytes) bytes")
+
+        func open(_ index: Int, fallbackAccount: String) throws(KeyholdError) -> (account: String, secret: SecureBytes) {
+            var next = [index]
+            if let at = position[index] { next += planned[(at + 1)...].prefix(Self.ahead - 1) }
+            for i in next where running[i] == nil {
+                running[i] = ImportInput.start(gpg, ["--quiet", "--yes", "--decrypt", "--", files[i]])
+            }
+            guard let child = running.removeValue(forKey: index) else { throw .other("cannot run gpg") }
+            let (plain, status) = ImportInput.collect(child, limit: Limits.maxSecretBytes)
+            guard status == 0 else {
+                plain.wipe()
+                throw .other(status.map { "gpg could not decrypt it (exit \($0))" } ?? "gpg was killed")
+            }
+            guard plain.count <= Limits.maxSecretBytes else {
+                plain.wipe()
+                throw .invalidRequest("the entry is larger than \(Limits.maxSecretBytes) bytes")
+            }
+            return (login(plain) ?? fallbackAccount, plain)
         }
-        return (login(plain) ?? fallbackAccount, plain)
     }
 
     /// The value of the first `login:`/`username:`/`user:` line after the first (the password).

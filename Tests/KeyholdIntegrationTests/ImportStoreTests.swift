@@ -70,6 +70,13 @@ import KeyholdTestSupport
             let shown = runCommand("/usr/bin/pass", ["show", String(service.dropFirst(5))], environment: pass.environment, asUser: user.name)
             expectSecret(shown.stdout, equals: got.stdout)
         }
+
+        // New entries sorted between the imported ones: only they are decrypted (four gpg at a
+        // time, in the order they are stored), each under its own name.
+        for i in 0..<9 { try pass.insert("email/n\(i)", "pw-new-\(i)\nuser: n\(i)\n") }
+        let third = b.cli(["import", "pass"], environment: pass.environment, asUser: user.name)
+        #expect(third.stdoutText == "imported 9, already present 3, failed 0\n", "\(third.stderr)")
+        for i in 0..<9 { expectSecret(b.cli(["get", "pass:email/n\(i)", "n\(i)"], asUser: user.name).stdoutText, equals: "pw-new-\(i)\nuser: n\(i)\n") }
     }
 
     @Test func passEntriesGpgCannotOpenFailAloneAndThePolicyHolds() throws {
