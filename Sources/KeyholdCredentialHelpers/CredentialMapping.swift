@@ -1,4 +1,5 @@
 import Glibc
+import KeyholdCLI
 import KeyholdClient
 import KeyholdCore
 
@@ -17,16 +18,14 @@ import KeyholdCore
 ///   `ConvertToHostname`), account = Username (`<token>` for identity tokens), kind
 ///   `password`, label = the ServerURL as stored, which `list` reports.
 public enum CredentialMapping {
-    public static let gitPrefix = "git:"
-    public static let dockerPrefix = "docker:"
+    public static let gitPrefix = HelperItemNames.gitPrefix
+    public static let dockerPrefix = HelperItemNames.dockerPrefix
     static let gitBlobMagic: [UInt8] = Array("\0keyhold-git\n".utf8)
     static let expiryLabelPrefix = "password_expiry_utc="
-    public static let gitLabel = "git credential"
+    public static let gitLabel = HelperItemNames.gitLabel
 
     public static func gitService(protocolName: String, host: String, path: String?) -> String {
-        var s = "\(gitPrefix)\(protocolName)://\(host)"
-        if let path, !path.isEmpty { s += "/" + path }
-        return s
+        HelperItemNames.gitService(protocolName: protocolName, host: host, path: path)
     }
 
     public static func gitLabel(expiry: Int64?) -> String {
@@ -77,19 +76,8 @@ public enum CredentialMapping {
         return (secret.withUnsafeBytes { SecureBytes(copying: $0) }, nil, nil)
     }
 
-    /// docker's registry key: scheme and path dropped, host lower-cased. Nil when no host is left.
-    public static func dockerHost(_ serverURL: String) -> String? {
-        var s = Substring(serverURL.trimmingWhitespace())
-        for scheme in ["https://", "http://"] where s.lowercased().hasPrefix(scheme) {
-            s = s.dropFirst(scheme.count)
-            break
-        }
-        let host = s.split(separator: "/", maxSplits: 1, omittingEmptySubsequences: false).first ?? ""
-        guard !host.isEmpty, !host.contains(where: { $0.isWhitespace }) else { return nil }
-        return host.lowercased()
-    }
-
-    public static func dockerService(host: String) -> String { dockerPrefix + host }
+    public static func dockerHost(_ serverURL: String) -> String? { HelperItemNames.dockerHost(serverURL) }
+    public static func dockerService(host: String) -> String { HelperItemNames.dockerService(host: host) }
 
     /// Access control for an item being replaced: the existing item's, so a helper's `store`
     /// never weakens a policy someone set with `keyhold put --update`.
