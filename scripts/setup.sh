@@ -18,6 +18,7 @@ packages=(
   swtpm swtpm-tools tpm2-tools                # a software TPM for the tests; tpm2-tools only to clear/extend it in tests
   dpkg-dev lintian binutils                   # scripts/package.sh (dpkg-shlibdeps, dpkg-gencontrol, strip) and its test
   mmdebstrap systemd-container                # the package booted in Debian 12 under systemd-nspawn (SystemdNspawnTests)
+  pass gnupg keepassxc age                    # keyhold import/export tests: real pass, gpg, keepassxc-cli, age
 )
 
 missing=()
