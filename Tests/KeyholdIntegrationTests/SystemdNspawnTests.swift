@@ -127,6 +127,11 @@ struct SystemdNspawnTests {
         let install = debian.run("DEBIAN_FRONTEND=noninteractive apt-get install -y -q /root/keyhold.deb", seconds: 300)
         try #require(install.status == 0, "apt-get install: \(install.stdoutText.suffix(2000)) \(install.stderr)")
         #expect(debian.run("systemctl is-enabled keyholdd.service").stdoutText == "enabled\n")
+        // Every installed program answers --version with the one version number, without a Swift toolchain.
+        for program in ["keyhold", "keyholdd", "keyhold-secret-service", "git-credential-keyhold", "docker-credential-keyhold"] {
+            let v = debian.run("\(program) --version")
+            #expect(v.status == 0 && v.stdoutText.contains(KeyholdVersion.string), "\(program) --version: \(v.stdoutText) \(v.stderr)")
+        }
         try #require(waitFor(debian, "systemctl is-active keyholdd.service", equals: "active"),
                      "keyholdd.service is not running: \(debian.run("systemctl status keyholdd --no-pager; journalctl -u keyholdd --no-pager -q").stdoutText)")
         // The unit running is the shipped one, whole: no drop-in weakens it.
