@@ -13,6 +13,7 @@ public final class Agent {
     let options: AgentOptions
     let state = AgentState()
     let inbox: LoopInbox
+    let reporter = RefusalReporter()
 
     init(bus: OpaquePointer, options: AgentOptions, inbox: LoopInbox) {
         self.bus = bus
@@ -23,14 +24,17 @@ public final class Agent {
 
     // MARK: dispatch
 
-    /// One method call. Returns false for a call that is not ours (sd-bus answers it).
+    /// One method call. Returns false for a call that is not ours (sd-bus answers it: only
+    /// Introspect, once the caller is confirmed).
     func dispatch(_ m: OpaquePointer) throws(BusError) -> Bool {
         guard let p = sd_bus_message_get_path(m), let mem = sd_bus_message_get_member(m) else { return false }
         let path = String(cString: p), member = String(cString: mem)
         let interface = sd_bus_message_get_interface(m).map { String(cString: $0) }
         let sender = sd_bus_message_get_sender(m).map { String(cString: $0) } ?? ""
+        let claim = try confirmedClaim(sender: sender, member: member, path: path)
+        if interface == "org.freedesktop.DBus.Introspectable" { return false }
         guard let object = SecretObject.resolve(path) else { throw .unknownObject("no object at \(path)") }
-        let call = Call(m: m, r: MessageReader(m: m), sender: sender, member: member)
+        let call = Call(m: m, r: MessageReader(m: m), sender: sender, member: member, claim: claim)
         if interface == Interface.properties {
             try properties(object, call)
             return true
@@ -68,6 +72,9 @@ public final class Agent {
         let r: MessageReader
         let sender: String
         let member: String
+        /// The sender's pid, confirmed as this user's process that connected (CallerCheck.swift):
+        /// every broker request made for this call carries it.
+        let claim: Int32
     }
 
     // MARK: replies and signals
@@ -96,21 +103,11 @@ public final class Agent {
         sd_bus_message_unref(out)
     }
 
-    /// The pid the bus gives for the sender: passed to the broker as a claim only.
-    func claimedPID(_ m: OpaquePointer) -> Int32? {
-        var creds: OpaquePointer?
-        guard sd_bus_query_sender_creds(m, UInt64(SD_BUS_CREDS_PID), &creds) >= 0, let creds else { return nil }
-        defer { sd_bus_creds_unref(creds) }
-        var pid: pid_t = 0
-        guard sd_bus_creds_get_pid(creds, &pid) >= 0, pid > 0 else { return nil }
-        return pid
-    }
-
     // MARK: items from the broker
 
-    func refreshItems() throws(BusError) {
+    func refreshItems(claim: Int32) throws(BusError) {
         do throws(KeyholdError) {
-            let list = try vault.items()
+            let list = try vault.items(claimedPID: claim)
             var byID: [String: ItemInfo] = [:]
             for i in list { byID[i.id] = i }
             state.items = byID
@@ -127,10 +124,10 @@ public final class Agent {
     static let relistAfterMilliseconds: Int64 = 1_000
 
     /// The item at `id`: from the last listing, or from a new one when that is old enough.
-    func item(_ id: String) throws(BusError) -> ItemInfo {
+    func item(_ id: String, claim: Int32) throws(BusError) -> ItemInfo {
         if let i = state.items[id] { return i }
         if let at = state.listedAt, MonotonicClock.milliseconds() - at < Self.relistAfterMilliseconds { throw .noSuchObject }
-        try refreshItems()
+        try refreshItems(claim: claim)
         guard let i = state.items[id] else { throw .noSuchObject }
         return i
     }
@@ -142,7 +139,7 @@ public final class Agent {
     /// Items whose attributes hold every pair of `query`, split by lock state. The broker
     /// searches (its keyed index, then an exact match of each sealed map): the agent no longer
     /// fetches the whole list for a lookup.
-    func search(_ query: [String: String], claimedPID: Int32?) throws(BusError) -> (unlocked: [String], locked: [String]) {
+    func search(_ query: [String: String], claimedPID: Int32) throws(BusError) -> (unlocked: [String], locked: [String]) {
         var unlocked: [String] = [], locked: [String] = []
         for i in try searchBroker(query, claimedPID: claimedPID) {
             if state.isLocked(i) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
@@ -154,7 +151,7 @@ public final class Agent {
     /// with it: it is current for this query, so a cached item that matched and is no longer
     /// returned was deleted or renamed (through the CLI, say) and is dropped.
     /// The search is audited with the D-Bus sender as its claimed requester.
-    func searchBroker(_ query: [String: String], claimedPID: Int32?) throws(BusError) -> [ItemInfo] {
+    func searchBroker(_ query: [String: String], claimedPID: Int32) throws(BusError) -> [ItemInfo] {
         let found: [ItemInfo]
         do throws(KeyholdError) {
             found = try vault.search(attributes: query, claimedPID: claimedPID)
@@ -167,14 +164,14 @@ public final class Agent {
     }
 
     /// The item stored under exactly this name, found by a search for its whole map.
-    func item(named ref: ItemReference, claimedPID: Int32?) throws(BusError) -> ItemInfo? {
+    func item(named ref: ItemReference, claimedPID: Int32) throws(BusError) -> ItemInfo? {
         try searchBroker(AttributeMapping.attributes(service: ref.service, account: ref.account), claimedPID: claimedPID)
             .first { $0.service == ref.service && $0.account == ref.account }
     }
 
     /// The item's secret for `session`, or IsLocked. Never prompts: authentication happens in
     /// a Prompt, so no method call waits on a finger or a password.
-    func secret(_ i: ItemInfo, session: SecretSession, claimedPID: Int32?) throws(BusError) -> WireSecret {
+    func secret(_ i: ItemInfo, session: SecretSession, claimedPID: Int32) throws(BusError) -> WireSecret {
         guard !state.isLocked(i) else { throw .isLocked }
         let s: SecureBytes
         do throws(KeyholdError) {

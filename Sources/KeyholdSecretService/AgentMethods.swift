@@ -36,7 +36,7 @@ extension Agent {
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
             let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
-                                                claimedPID: claimedPID(c.m))
+                                                claimedPID: c.claim)
             try reply(c.m) { w in w.objectPaths(unlocked); w.objectPaths(locked) }
         case "Unlock":
             try c.r.requireSignature("ao")
@@ -48,7 +48,7 @@ extension Agent {
                 if case .item(let id)? = SecretObject.resolve(path) {
                     let wasUnlocked = state.unlockedUntil[id].map { $0 > AgentState.now() } ?? false
                     state.unlockedUntil[id] = nil
-                    if let i = try? item(id), state.isLocked(i) {
+                    if let i = try? item(id, claim: c.claim), state.isLocked(i) {
                         locked.append(path)
                         if wasUnlocked { changedLocks.append(id) }
                     }
@@ -61,10 +61,10 @@ extension Agent {
             let paths = try c.r.objectPaths(limit: Self.maxObjects)
             let sessionPath = try c.r.objectPath()
             let session = try state.session(sessionPath, sender: c.sender)
-            let pid = claimedPID(c.m)
+            let pid = c.claim
             var out: [(String, WireSecret)] = []
             for path in paths {
-                guard case .item(let id)? = SecretObject.resolve(path), let i = try? item(id) else { continue }
+                guard case .item(let id)? = SecretObject.resolve(path), let i = try? item(id, claim: c.claim) else { continue }
                 // Locked or refused items are left out, as the specification says.
                 guard var s = try? secret(i, session: session, claimedPID: pid) else { continue }
                 s.session = sessionPath
@@ -106,7 +106,7 @@ extension Agent {
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
             let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
-                                                claimedPID: claimedPID(c.m))
+                                                claimedPID: c.claim)
             try reply(c.m) { w in w.objectPaths(unlocked + locked) }
         case "CreateItem":
             try c.r.requireSignature("a{sv}(oayays)b")
@@ -149,7 +149,7 @@ extension Agent {
             }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
             defer { secret.wipe() }
-            var existing = try item(named: ref, claimedPID: claimedPID(c.m))
+            var existing = try item(named: ref, claimedPID: c.claim)
             for attempt in 0..<2 {
                 var policy = options.defaultPolicy
                 if let existing {
@@ -161,25 +161,25 @@ extension Agent {
                                     policy: policy,
                                     reuseSeconds: existing?.reuseSeconds ?? options.reuseSeconds,
                                     allowedExecutables: existing?.allowedExecutables ?? [],
-                                    update: existing != nil, claimedPID: claimedPID(c.m))
+                                    update: existing != nil, claimedPID: c.claim)
                     break
                 } catch .duplicateItem where existing == nil && attempt == 0 {
                     // The index did not show it (its rows removed on disk): the whole list does.
-                    try refreshItems()
+                    try refreshItems(claim: c.claim)
                     existing = state.items.values.first { $0.service == ref.service && $0.account == ref.account }
                 } catch {
                     throw Self.busError(error)
                 }
             }
-            guard let stored = try item(named: ref, claimedPID: claimedPID(c.m)) else {
+            guard let stored = try item(named: ref, claimedPID: c.claim) else {
                 throw .failed("the item was not stored")
             }
             let path = SecretObject.itemPath(stored.id)
             try reply(c.m) { w in w.objectPath(path); w.objectPath("/") }
             if existing == nil {
-                announce(.created, item: stored.id, listed: true)
+                announce(.created, item: stored.id, listed: true, claim: c.claim)
             } else {
-                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"], listed: true)
+                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"], listed: true, claim: c.claim)
             }
         case "Delete":
             throw .notSupported("the login collection cannot be deleted")
@@ -189,13 +189,13 @@ extension Agent {
     }
 
     func itemMethod(_ id: String, _ c: Call) throws(BusError) {
-        let i = try item(id)
+        let i = try item(id, claim: c.claim)
         switch c.member {
         case "GetSecret":
             try c.r.requireSignature("o")
             let sessionPath = try c.r.objectPath()
             let session = try state.session(sessionPath, sender: c.sender)
-            var s = try secret(i, session: session, claimedPID: claimedPID(c.m))
+            var s = try secret(i, session: session, claimedPID: c.claim)
             s.session = sessionPath
             try reply(c.m) { w in w.secret(s) }
         case "SetSecret":
@@ -211,24 +211,24 @@ extension Agent {
                 try vault.store(secret, service: i.service, account: i.account,
                                 label: LabelEncoding.encode(label: LabelEncoding.decode(i.label).label, contentType: wire.contentType),
                                 policy: policy, reuseSeconds: i.reuseSeconds,
-                                allowedExecutables: i.allowedExecutables, update: true, claimedPID: claimedPID(c.m))
+                                allowedExecutables: i.allowedExecutables, update: true, claimedPID: c.claim)
             } catch {
                 throw Self.busError(error)
             }
             state.items[id] = nil
             try reply(c.m) { _ in }
-            announce(.changed, item: id, changedProperties: ["Modified"])
+            announce(.changed, item: id, changedProperties: ["Modified"], claim: c.claim)
         case "Delete":
             try c.r.requireSignature("")
             do throws(KeyholdError) {
-                try vault.delete(service: i.service, account: i.account, claimedPID: claimedPID(c.m))
+                try vault.delete(service: i.service, account: i.account, claimedPID: c.claim)
             } catch {
                 throw Self.busError(error)
             }
             state.items[id] = nil
             state.unlockedUntil[id] = nil
             try reply(c.m) { w in w.objectPath("/") }
-            announce(.deleted, item: id)
+            announce(.deleted, item: id, claim: c.claim)
         default:
             throw .unknownMethod("no method \(c.member) on an Item")
         }

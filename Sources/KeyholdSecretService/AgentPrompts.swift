@@ -37,7 +37,7 @@ struct PromptJob: Sendable {
 
     let path: String
     let targets: [Target]
-    let claimedPID: Int32?
+    let claimedPID: Int32
     let vault: Vault
     let cancel: PromptCancel
 
@@ -81,7 +81,7 @@ extension Agent {
             switch SecretObject.resolve(path) {
             case .service?, .collection?: unlocked.append(path)
             case .item(let id)?:
-                guard let i = try? item(id) else { continue }
+                guard let i = try? item(id, claim: c.claim) else { continue }
                 if state.isLocked(i) { pending.append(id) } else { unlocked.append(path) }
             default: continue
             }
@@ -104,7 +104,7 @@ extension Agent {
             }
             var targets: [PromptJob.Target] = []
             for id in entry.itemIDs {
-                guard let i = try? item(id) else { continue }
+                guard let i = try? item(id, claim: c.claim) else { continue }
                 targets.append(PromptJob.Target(id: id, service: i.service, account: i.account,
                                                 windowSeconds: Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))))
             }
@@ -112,7 +112,7 @@ extension Agent {
             // A reply that cannot be sent means the client is gone: nothing is started for it.
             guard (try? replyChecked(c.m)) == true else { return }
             let cancel = PromptCancel()
-            let job = PromptJob(path: path, targets: targets, claimedPID: claimedPID(c.m), vault: vault, cancel: cancel)
+            let job = PromptJob(path: path, targets: targets, claimedPID: c.claim, vault: vault, cancel: cancel)
             state.running[path] = AgentState.RunningPrompt(owner: c.sender, cancel: cancel)
             let inbox = self.inbox
             guard DetachedThread.start({ inbox.post(job.run()) }) else {

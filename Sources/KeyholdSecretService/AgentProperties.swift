@@ -20,15 +20,15 @@ extension Agent {
     }
 
     /// (interface, properties) of an object.
-    func propertyValues(_ object: SecretObject) throws(BusError) -> (String, [(String, Value)]) {
+    func propertyValues(_ object: SecretObject, claim: Int32) throws(BusError) -> (String, [(String, Value)]) {
         switch object {
         case .service:
             return (Interface.service, [("Collections", .paths([SecretObject.collectionPath]))])
         case .collection:
-            try refreshItems()
+            try refreshItems(claim: claim)
             return (Interface.collection, collectionValues())
         case .item(let id):
-            return (Interface.item, itemValues(try item(id)))
+            return (Interface.item, itemValues(try item(id, claim: claim)))
         case .session:
             return (Interface.session, [])
         case .prompt:
@@ -60,7 +60,7 @@ extension Agent {
         case "Get":
             try c.r.requireSignature("ss")
             let iface = try c.r.string(), name = try c.r.string()
-            let (own, values) = try propertyValues(object)
+            let (own, values) = try propertyValues(object, claim: c.claim)
             guard iface.isEmpty || iface == own, let v = values.first(where: { $0.0 == name })?.1 else {
                 throw .invalidArgs("no property \(iface).\(name)")
             }
@@ -68,7 +68,7 @@ extension Agent {
         case "GetAll":
             try c.r.requireSignature("s")
             let iface = try c.r.string()
-            let (own, values) = try propertyValues(object)
+            let (own, values) = try propertyValues(object, claim: c.claim)
             let shown = iface.isEmpty || iface == own ? values : []
             try reply(c.m) { w in
                 w.open(UInt8(ascii: "a"), "{sv}")
@@ -101,11 +101,11 @@ extension Agent {
     /// with the same policy, reuse window and allowed executables.
     func setLabel(_ id: String, _ label: String, _ c: Call) throws(BusError) {
         guard label.utf8.count <= Limits.maxTextBytes - 256 else { throw .limitsExceeded("label too long") }
-        let i = try item(id)
+        let i = try item(id, claim: c.claim)
         guard !state.isLocked(i) else { throw .isLocked }
         let policy: Policy
         do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
-        let pid = claimedPID(c.m)
+        let pid = c.claim
         do throws(KeyholdError) {
             let secret = try vault.secret(service: i.service, account: i.account, claimedPID: pid, reason: "relabel")
             defer { secret.wipe() }
@@ -120,6 +120,6 @@ extension Agent {
         }
         state.items[id] = nil
         try reply(c.m) { _ in }
-        announce(.changed, item: id, changedProperties: ["Label", "Modified"])
+        announce(.changed, item: id, changedProperties: ["Label", "Modified"], claim: c.claim)
     }
 }

@@ -23,10 +23,11 @@ extension Agent {
 
     /// Announces a change of item `id`; `changedProperties` are the item's properties that
     /// changed (for `.changed`). `listed`: the item list was read after the change already.
-    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], listed: Bool = false) {
+    /// `claim`: the client whose call made the change (the listing is made for it).
+    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], listed: Bool = false, claim: Int32) {
         let path = SecretObject.itemPath(id)
         signal(SecretObject.collectionPath, Interface.collection, event.member) { $0.objectPath(path) }
-        let fresh = listed || (try? refreshItems()) != nil
+        let fresh = listed || (try? refreshItems(claim: claim)) != nil
         switch event {
         case .created, .deleted:
             changedValues(SecretObject.collectionPath, Interface.collection, ["Items", "Modified"], fresh ? collectionValues() : nil)

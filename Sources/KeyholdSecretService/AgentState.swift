@@ -42,6 +42,10 @@ final class AgentState {
         let cancel: PromptCancel
     }
 
+    /// Credentials of the connections that called, by unique name (CallerCheck.swift); an
+    /// entry goes when its connection leaves the bus.
+    var clients: [String: ClientCredentials] = [:]
+    static let maxClients = 4096
     var sessions: [String: SessionEntry] = [:]
     var prompts: [String: PromptEntry] = [:]
     var running: [String: RunningPrompt] = [:]
@@ -82,6 +86,7 @@ final class AgentState {
     /// A client left the bus: its sessions and prompts go with it; its running prompts stop
     /// asking, and their outcomes are dropped when they come.
     func forget(client: String) {
+        clients[client] = nil
         sessions = sessions.filter { $0.value.owner != client }
         prompts = prompts.filter { $0.value.owner != client }
         for (path, p) in running where p.owner == client {

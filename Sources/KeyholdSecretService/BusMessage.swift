@@ -69,6 +69,12 @@ struct MessageReader {
     func string() throws(BusError) -> String { try basicString(UInt8(ascii: "s")) }
     func objectPath() throws(BusError) -> String { try basicString(UInt8(ascii: "o")) }
 
+    func uint32() throws(BusError) -> UInt32 {
+        var v: UInt32 = 0
+        guard sd_bus_message_read_basic(m, CChar(UInt8(ascii: "u")), &v) > 0 else { throw .invalidArgs("bad uint32") }
+        return v
+    }
+
     func bool() throws(BusError) -> Bool {
         var v: Int32 = 0
         guard sd_bus_message_read_basic(m, CChar(UInt8(ascii: "b")), &v) > 0 else { throw .invalidArgs("bad boolean") }
