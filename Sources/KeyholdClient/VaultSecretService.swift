@@ -66,6 +66,9 @@ extension Vault {
 }
 
 extension Vault {
+    /// The claim for a sender the bus could not name (`Request.unreadableClaimedPID`).
+    public static let unreadableClaimedPID = Request.unreadableClaimedPID
+
     /// Metadata of all the caller's items, for the D-Bus client whose pid is claimed.
     public func items(claimedPID: Int32) throws(KeyholdError) -> [ItemInfo] {
         var r = Request(.list)
