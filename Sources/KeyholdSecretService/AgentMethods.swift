@@ -57,29 +57,7 @@ extension Agent {
             try reply(c.m) { w in w.objectPaths(locked); w.objectPath("/") }
             for id in changedLocks { announceLocked(id, true) }
         case "GetSecrets":
-            try c.r.requireSignature("aoo")
-            let paths = try c.r.objectPaths(limit: Self.maxObjects)
-            let sessionPath = try c.r.objectPath()
-            let session = try state.session(sessionPath, sender: c.sender)
-            let pid = c.claim
-            var out: [(String, WireSecret)] = []
-            for path in paths {
-                guard case .item(let id)? = SecretObject.resolve(path), let i = try? item(id, claim: c.claim) else { continue }
-                // Locked or refused items are left out, as the specification says.
-                guard var s = try? secret(i, session: session, claimedPID: pid) else { continue }
-                s.session = sessionPath
-                out.append((path, s))
-            }
-            try reply(c.m) { w in
-                w.open(UInt8(ascii: "a"), "{o(oayays)}")
-                for (path, s) in out {
-                    w.open(UInt8(ascii: "e"), "o(oayays)")
-                    w.objectPath(path)
-                    w.secret(s)
-                    w.close()
-                }
-                w.close()
-            }
+            try getSecrets(c)
         case "ReadAlias":
             try c.r.requireSignature("s")
             let name = try c.r.string()

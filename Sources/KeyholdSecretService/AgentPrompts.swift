@@ -86,8 +86,10 @@ extension Agent {
             default: continue
             }
         }
-        let prompt = pending.isEmpty ? "/" : try state.addPrompt(owner: c.sender, itemIDs: pending)
+        let (prompt, evicted) = pending.isEmpty ? ("/", nil) : try state.addPrompt(owner: c.sender, itemIDs: pending)
         try reply(c.m) { w in w.objectPaths(unlocked); w.objectPath(prompt) }
+        // A prompt displaced by the fair share (AgentState) ends as dismissed, as if its client had.
+        if let evicted { completed(evicted, dismissed: true, []) }
     }
 
     func promptMethod(_ path: String, _ c: Call) throws(BusError) {
@@ -115,7 +117,7 @@ extension Agent {
             let job = PromptJob(path: path, targets: targets, claimedPID: c.claim, vault: vault, cancel: cancel)
             state.running[path] = AgentState.RunningPrompt(owner: c.sender, cancel: cancel)
             let inbox = self.inbox
-            guard DetachedThread.start({ inbox.post(job.run()) }) else {
+            guard DetachedThread.start({ inbox.post(.prompt(job.run())) }) else {
                 state.running[path] = nil
                 completed(path, dismissed: true, [])
                 return

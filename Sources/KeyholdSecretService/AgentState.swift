@@ -17,10 +17,20 @@ public struct AgentOptions: Sendable {
 
 /// Bookkeeping of the agent: sessions, prompts, the item list it last read, what is unlocked.
 /// Holds no secret: only metadata and session keys.
+///
+/// Every kind of entry a client can make has a cap per client (connection), far below the
+/// agent's, and the agent's is shared fairly: when it is reached, a client holding fewer
+/// entries than the biggest holder gets its entry in place of that holder's oldest. So one
+/// client, or many connections of one program, cannot refuse the others (the agent serves only
+/// its own user: its cap is the uid's).
 final class AgentState {
     static let maxSessions = 1024
     static let maxSessionsPerClient = 64
     static let maxPrompts = 256
+    static let maxPromptsPerClient = 16
+    /// GetSecrets calls whose reads run at once, each on its own thread.
+    static let maxReads = 32
+    static let maxReadsPerClient = 4
     /// Prompts whose authentication runs at once, each on its own thread; per client, so one
     /// client cannot hold every slot.
     static let maxRunningPrompts = 8
@@ -29,11 +39,22 @@ final class AgentState {
     struct SessionEntry {
         let owner: String
         let session: SecretSession
+        let serial: Int
     }
 
     struct PromptEntry {
         let owner: String
         let itemIDs: [String]
+        let serial: Int
+    }
+
+    /// A GetSecrets whose reads run on a thread (AgentSecrets.swift).
+    struct RunningRead {
+        let owner: String
+        let call: HeldCall
+        let session: String
+        let contentTypes: [String: String]
+        let cancel: PromptCancel
     }
 
     /// A prompt whose authentication runs on its thread (no longer in `prompts`).
@@ -49,8 +70,12 @@ final class AgentState {
     var sessions: [String: SessionEntry] = [:]
     var prompts: [String: PromptEntry] = [:]
     var running: [String: RunningPrompt] = [:]
+    var reads: [Int: RunningRead] = [:]
     private var nextSession = 1
     private var nextPrompt = 1
+    private var nextRead = 1
+    /// Orders entries by age, for the fair share.
+    private var serial = 0
     /// Metadata of the caller's items by id, from the last listing.
     var items: [String: ItemInfo] = [:]
     /// When that listing was made (monotonic ms; nil before the first).
@@ -59,14 +84,29 @@ final class AgentState {
     var unlockedUntil: [String: Int64] = [:]
 
     func addSession(owner: String, _ session: SecretSession) throws(BusError) -> String {
-        guard sessions.count < Self.maxSessions else { throw .limitsExceeded("too many sessions") }
         guard sessions.values.filter({ $0.owner == owner }).count < Self.maxSessionsPerClient else {
             throw .limitsExceeded("too many sessions for this client")
         }
+        if sessions.count >= Self.maxSessions {
+            guard let evicted = Self.fairShare(sessions.mapValues { ($0.owner, $0.serial) }, for: owner) else {
+                throw .limitsExceeded("too many sessions")
+            }
+            sessions[evicted] = nil
+        }
         let path = SecretObject.sessionPrefix + String(nextSession)
         nextSession = nextSession >= 999_999_999 ? 1 : nextSession + 1
-        sessions[path] = SessionEntry(owner: owner, session: session)
+        serial += 1
+        sessions[path] = SessionEntry(owner: owner, session: session, serial: serial)
         return path
+    }
+
+    /// With the agent's cap reached: the oldest entry of the client holding the most, when
+    /// `owner` holds fewer than it; nil when `owner` is (one of) the biggest holders.
+    static func fairShare(_ entries: [String: (owner: String, serial: Int)], for owner: String) -> String? {
+        var held: [String: Int] = [:]
+        for e in entries.values { held[e.owner, default: 0] += 1 }
+        guard let biggest = held.max(by: { $0.value < $1.value }), biggest.value > (held[owner] ?? 0) + 1 else { return nil }
+        return entries.filter { $0.value.owner == biggest.key }.min { $0.value.serial < $1.value.serial }?.key
     }
 
     /// The session at `path`, if `sender` opened it.
@@ -75,12 +115,36 @@ final class AgentState {
         return s.session
     }
 
-    func addPrompt(owner: String, itemIDs: [String]) throws(BusError) -> String {
-        guard prompts.count < Self.maxPrompts else { throw .limitsExceeded("too many prompts") }
+    /// A new prompt, and the one it displaced from the biggest holder (to be told it is dismissed).
+    func addPrompt(owner: String, itemIDs: [String]) throws(BusError) -> (path: String, evicted: String?) {
+        guard prompts.values.filter({ $0.owner == owner }).count < Self.maxPromptsPerClient else {
+            throw .limitsExceeded("too many prompts for this client")
+        }
+        var evicted: String?
+        if prompts.count >= Self.maxPrompts {
+            guard let e = Self.fairShare(prompts.mapValues { ($0.owner, $0.serial) }, for: owner) else {
+                throw .limitsExceeded("too many prompts")
+            }
+            prompts[e] = nil
+            evicted = e
+        }
         let path = SecretObject.promptPrefix + String(nextPrompt)
         nextPrompt = nextPrompt >= 999_999_999 ? 1 : nextPrompt + 1
-        prompts[path] = PromptEntry(owner: owner, itemIDs: itemIDs)
-        return path
+        serial += 1
+        prompts[path] = PromptEntry(owner: owner, itemIDs: itemIDs, serial: serial)
+        return (path, evicted)
+    }
+
+    /// A GetSecrets's reads, within the caps (its thread is started by the caller).
+    func addRead(_ read: RunningRead) throws(BusError) -> Int {
+        guard reads.count < Self.maxReads else { throw .limitsExceeded("too many reads running; try again") }
+        guard reads.values.filter({ $0.owner == read.owner }).count < Self.maxReadsPerClient else {
+            throw .limitsExceeded("too many reads running for this client; wait for one to finish")
+        }
+        let job = nextRead
+        nextRead += 1
+        reads[job] = read
+        return job
     }
 
     /// A client left the bus: its sessions and prompts go with it; its running prompts stop
@@ -92,6 +156,10 @@ final class AgentState {
         for (path, p) in running where p.owner == client {
             p.cancel.cancel()
             running[path] = nil
+        }
+        for (job, r) in reads where r.owner == client {
+            r.cancel.cancel()
+            reads[job] = nil
         }
     }
 
