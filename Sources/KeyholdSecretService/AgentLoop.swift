@@ -14,13 +14,13 @@ struct PromptOutcome: Sendable {
     let unlocked: [Unlock]
 }
 
-/// What a thread hands back to the loop: a prompt's outcome, or a GetSecrets's reads.
+/// What a thread hands back to the loop: a prompt's outcome, or a job's result.
 enum LoopEvent: Sendable {
     case prompt(PromptOutcome)
-    case secrets(SecretsOutcome)
+    case job(JobResult)
 }
 
-/// Hands outcomes from prompt and read threads to the loop thread. sd-bus objects are not
+/// Hands outcomes from prompt and job threads to the loop thread. sd-bus objects are not
 /// thread-safe, so such a thread never touches the bus: it queues its outcome here and
 /// wakes the loop through an eventfd the loop polls beside the bus's fd.
 final class LoopInbox: Sendable {
@@ -73,7 +73,7 @@ extension Agent {
             for event in inbox.take() {
                 switch event {
                 case .prompt(let outcome): finishPrompt(outcome)
-                case .secrets(let outcome): finishSecrets(outcome)
+                case .job(let result): finishJob(result)
                 }
             }
             expireLapsed(now: AgentState.now())

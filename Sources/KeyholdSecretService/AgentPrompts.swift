@@ -81,7 +81,7 @@ extension Agent {
             switch SecretObject.resolve(path) {
             case .service?, .collection?: unlocked.append(path)
             case .item(let id)?:
-                guard let i = try? item(id, claim: c.claim) else { continue }
+                guard let i = try cachedItem(id) else { continue }
                 if state.isLocked(i) { pending.append(id) } else { unlocked.append(path) }
             default: continue
             }
@@ -106,7 +106,7 @@ extension Agent {
             }
             var targets: [PromptJob.Target] = []
             for id in entry.itemIDs {
-                guard let i = try? item(id, claim: c.claim) else { continue }
+                guard let i = try cachedItem(id) else { continue }
                 targets.append(PromptJob.Target(id: id, service: i.service, account: i.account,
                                                 windowSeconds: Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))))
             }

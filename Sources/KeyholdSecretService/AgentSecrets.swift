@@ -3,17 +3,6 @@ import Glibc
 import KeyholdClient
 import KeyholdCore
 import KeyholdProtocol
-import Synchronization
-
-/// A method call whose reply comes later, from the loop: holds a reference to the message.
-final class HeldCall {
-    let m: OpaquePointer
-    init(_ m: OpaquePointer) {
-        self.m = m
-        sd_bus_message_ref(m)
-    }
-    deinit { sd_bus_message_unref(m) }
-}
 
 /// A session's key lent to a read thread. The key is only read (each secret is encrypted
 /// under a fresh IV), and a session closed meanwhile is kept alive by this reference.
@@ -30,14 +19,12 @@ struct SecretsOutcome: Sendable {
         let value: [UInt8]
     }
 
-    let job: Int
     let found: [Found]
     let relocked: [String]
 }
 
-/// One GetSecrets's broker reads, on its own thread: one `get` per distinct item, each as the
-/// client's claim. Waits on the broker (and its *busy* retries) happen here, never on the
-/// event loop, so one client naming thousands of paths delays only itself.
+/// One GetSecrets's broker reads, on its job's thread: one `get` per distinct item, each as the
+/// client's claim; stops when the client leaves.
 struct SecretsJob: Sendable {
     struct Target: Sendable {
         let id: String
@@ -45,7 +32,6 @@ struct SecretsJob: Sendable {
         let account: String
     }
 
-    let job: Int
     let targets: [Target]
     let claim: Int32
     let vault: Vault
@@ -66,59 +52,47 @@ struct SecretsJob: Sendable {
                 continue  // refused items are left out, as the specification says
             }
         }
-        return SecretsOutcome(job: job, found: found, relocked: relocked)
+        return SecretsOutcome(found: found, relocked: relocked)
     }
 }
 
 extension Agent {
     /// GetSecrets: the paths are resolved on the loop (from the listing; locked items are left
-    /// out, as the specification says), each item once however often it is named; the reads run
-    /// on a thread, and the reply is sent when they are done. A client may have
-    /// `AgentState.maxReadsPerClient` such calls running, the agent `maxReads`.
+    /// out, as the specification says), each item once however often it is named; the reads
+    /// run as the client's job, and the reply lists them in the order first named.
     func getSecrets(_ c: Call) throws(BusError) {
         try c.r.requireSignature("aoo")
         let paths = try c.r.objectPaths(limit: Self.maxObjects)
         let sessionPath = try c.r.objectPath()
         let session = try state.session(sessionPath, sender: c.sender)
-        var targets: [SecretsJob.Target] = [], seen: Set<String> = []
+        var targets: [SecretsJob.Target] = [], seen: Set<String> = [], contentTypes: [String: String] = [:]
         for path in paths {
             guard case .item(let id)? = SecretObject.resolve(path), seen.insert(id).inserted,
-                  let i = try? item(id, claim: c.claim), !state.isLocked(i) else { continue }
+                  let i = try cachedItem(id), !state.isLocked(i) else { continue }
             targets.append(.init(id: id, service: i.service, account: i.account))
+            contentTypes[id] = LabelEncoding.decode(i.label).contentType
         }
         guard !targets.isEmpty else { return try reply(c.m) { w in w.open(UInt8(ascii: "a"), "{o(oayays)}"); w.close() } }
         let cancel = PromptCancel()
-        let job = try state.addRead(AgentState.RunningRead(owner: c.sender, call: HeldCall(c.m), session: sessionPath,
-                                                           contentTypes: Dictionary(targets.map { ($0.id, contentType(of: $0.id)) },
-                                                                                    uniquingKeysWith: { a, _ in a }),
-                                                           cancel: cancel))
-        let work = SecretsJob(job: job, targets: targets, claim: c.claim, vault: vault, session: LentSession(session: session), cancel: cancel)
-        let inbox = self.inbox
-        guard DetachedThread.start({ inbox.post(.secrets(work.run())) }) else {
-            state.reads[job] = nil
-            throw .failed("cannot start the read")
-        }
-    }
-
-    func contentType(of id: String) -> String {
-        state.items[id].map { LabelEncoding.decode($0.label).contentType } ?? ""
-    }
-
-    /// On the loop thread: the reply, in the order the paths were first named. Dropped when the
-    /// client left meanwhile.
-    func finishSecrets(_ outcome: SecretsOutcome) {
-        guard let read = state.reads.removeValue(forKey: outcome.job) else { return }
-        for id in outcome.relocked where state.unlockedUntil.removeValue(forKey: id) != nil { announceLocked(id, true) }
-        try? reply(read.call.m) { w in
-            w.open(UInt8(ascii: "a"), "{o(oayays)}")
-            for f in outcome.found {
-                w.open(UInt8(ascii: "e"), "o(oayays)")
-                w.objectPath(SecretObject.itemPath(f.id))
-                w.secret(WireSecret(session: read.session, parameters: f.parameters, value: f.value,
-                                    contentType: read.contentTypes[f.id] ?? ""))
+        let work = SecretsJob(targets: targets, claim: c.claim, vault: vault, session: LentSession(session: session), cancel: cancel)
+        try offload(c, cancel: cancel, { work.run() }) { (outcome: SecretsOutcome) throws(BusError) in
+            self.relock(outcome.relocked)
+            try self.reply(c.m) { w in
+                w.open(UInt8(ascii: "a"), "{o(oayays)}")
+                for f in outcome.found {
+                    w.open(UInt8(ascii: "e"), "o(oayays)")
+                    w.objectPath(SecretObject.itemPath(f.id))
+                    w.secret(WireSecret(session: sessionPath, parameters: f.parameters, value: f.value,
+                                        contentType: contentTypes[f.id] ?? ""))
+                    w.close()
+                }
                 w.close()
             }
-            w.close()
         }
+    }
+
+    /// Items the broker found locked (their reuse window ended first): locked here too, and said so.
+    func relock(_ ids: [String]) {
+        for id in ids where state.unlockedUntil.removeValue(forKey: id) != nil { announceLocked(id, true) }
     }
 }

@@ -5,8 +5,9 @@ import CSystemd
 /// seahorse) see changes made by other clients.
 ///
 /// Changed properties carry their values (as the specification and KeePassXC do): they come
-/// from one listing of the user's items after the change, since the broker sets Modified. Only
-/// if that listing fails are they sent as invalidated names, for the client to re-read.
+/// from the items as read after the change (a listing made by the change's job, since the
+/// broker sets Modified). Only if that failed are they sent as invalidated names, for the
+/// client to re-read.
 /// The one collection is never created or deleted, so CollectionCreated/Deleted never fire.
 extension Agent {
     enum ItemEvent {
@@ -22,12 +23,10 @@ extension Agent {
     }
 
     /// Announces a change of item `id`; `changedProperties` are the item's properties that
-    /// changed (for `.changed`). `listed`: the item list was read after the change already.
-    /// `claim`: the client whose call made the change (the listing is made for it).
-    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], listed: Bool = false, claim: Int32) {
+    /// changed (for `.changed`). `fresh`: the cached items were read after the change.
+    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], fresh: Bool = true) {
         let path = SecretObject.itemPath(id)
         signal(SecretObject.collectionPath, Interface.collection, event.member) { $0.objectPath(path) }
-        let fresh = listed || (try? refreshItems(claim: claim)) != nil
         switch event {
         case .created, .deleted:
             changedValues(SecretObject.collectionPath, Interface.collection, ["Items", "Modified"], fresh ? collectionValues() : nil)

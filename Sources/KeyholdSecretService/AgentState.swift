@@ -28,9 +28,10 @@ final class AgentState {
     static let maxSessionsPerClient = 64
     static let maxPrompts = 256
     static let maxPromptsPerClient = 16
-    /// GetSecrets calls whose reads run at once, each on its own thread.
-    static let maxReads = 32
-    static let maxReadsPerClient = 4
+    /// Calls whose broker work runs at once, each on its own thread (one per client), and the
+    /// calls a client may have waiting behind its running one.
+    static let maxJobs = 256
+    static let maxQueuedPerClient = 32
     /// Prompts whose authentication runs at once, each on its own thread; per client, so one
     /// client cannot hold every slot.
     static let maxRunningPrompts = 8
@@ -48,13 +49,12 @@ final class AgentState {
         let serial: Int
     }
 
-    /// A GetSecrets whose reads run on a thread (AgentSecrets.swift).
-    struct RunningRead {
+    /// A call whose broker work runs on a thread (AgentJobs.swift).
+    struct Job {
         let owner: String
         let call: HeldCall
-        let session: String
-        let contentTypes: [String: String]
         let cancel: PromptCancel
+        let finish: (Any) throws(BusError) -> Void
     }
 
     /// A prompt whose authentication runs on its thread (no longer in `prompts`).
@@ -70,10 +70,12 @@ final class AgentState {
     var sessions: [String: SessionEntry] = [:]
     var prompts: [String: PromptEntry] = [:]
     var running: [String: RunningPrompt] = [:]
-    var reads: [Int: RunningRead] = [:]
+    var jobs: [Int: Job] = [:]
+    /// Calls that arrived while their client's job ran, in order.
+    var waiting: [String: [HeldCall]] = [:]
     private var nextSession = 1
     private var nextPrompt = 1
-    private var nextRead = 1
+    private var nextJob = 1
     /// Orders entries by age, for the fair share.
     private var serial = 0
     /// Metadata of the caller's items by id, from the last listing.
@@ -135,16 +137,32 @@ final class AgentState {
         return (path, evicted)
     }
 
-    /// A GetSecrets's reads, within the caps (its thread is started by the caller).
-    func addRead(_ read: RunningRead) throws(BusError) -> Int {
-        guard reads.count < Self.maxReads else { throw .limitsExceeded("too many reads running; try again") }
-        guard reads.values.filter({ $0.owner == read.owner }).count < Self.maxReadsPerClient else {
-            throw .limitsExceeded("too many reads running for this client; wait for one to finish")
+    /// A job, within the cap (its thread is started by the caller). A client has one at a time.
+    func addJob(_ job: Job) throws(BusError) -> Int {
+        guard jobs.count < Self.maxJobs else { throw .limitsExceeded("too many calls in progress; try again") }
+        let id = nextJob
+        nextJob += 1
+        jobs[id] = job
+        return id
+    }
+
+    func hasJob(_ client: String) -> Bool { jobs.values.contains { $0.owner == client } }
+
+    /// Whether a call of `client` must wait: its job runs, or earlier calls wait already.
+    func isBusy(_ client: String) -> Bool { waiting[client] != nil || hasJob(client) }
+
+    func wait(_ client: String, _ call: HeldCall) throws(BusError) {
+        guard (waiting[client]?.count ?? 0) < Self.maxQueuedPerClient else {
+            throw .limitsExceeded("too many calls waiting for this client; wait for the answers")
         }
-        let job = nextRead
-        nextRead += 1
-        reads[job] = read
-        return job
+        waiting[client, default: []].append(call)
+    }
+
+    func nextWaiting(_ client: String) -> HeldCall? {
+        guard var queue = waiting[client], !queue.isEmpty else { return nil }
+        let next = queue.removeFirst()
+        waiting[client] = queue.isEmpty ? nil : queue
+        return next
     }
 
     /// A client left the bus: its sessions and prompts go with it; its running prompts stop
@@ -157,10 +175,10 @@ final class AgentState {
             p.cancel.cancel()
             running[path] = nil
         }
-        for (job, r) in reads where r.owner == client {
-            r.cancel.cancel()
-            reads[job] = nil
-        }
+        // Its jobs run to their end (their threads hold the agent-wide slots until then); a
+        // GetSecrets stops reading. Their replies find no one.
+        for j in jobs.values where j.owner == client { j.cancel.cancel() }
+        waiting[client] = nil
     }
 
     static func now() -> Int64 { MonotonicClock.microseconds() }

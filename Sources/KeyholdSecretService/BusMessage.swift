@@ -13,6 +13,8 @@ public enum BusError: Error, Equatable {
     case accessDenied(String)
     case limitsExceeded(String)
     case failed(String)
+    /// Internal, never sent: the call needs a new listing of the items first (Agent.cachedItem).
+    case listingNeeded
 
     public var name: String {
         switch self {
@@ -25,7 +27,7 @@ public enum BusError: Error, Equatable {
         case .isLocked: "org.freedesktop.Secret.Error.IsLocked"
         case .accessDenied: "org.freedesktop.DBus.Error.AccessDenied"
         case .limitsExceeded: "org.freedesktop.DBus.Error.LimitsExceeded"
-        case .failed: "org.freedesktop.DBus.Error.Failed"
+        case .failed, .listingNeeded: "org.freedesktop.DBus.Error.Failed"
         }
     }
 
@@ -36,6 +38,7 @@ public enum BusError: Error, Equatable {
         case .noSession: "no such session"
         case .noSuchObject: "no such object"
         case .isLocked: "the item is locked"
+        case .listingNeeded: "the items could not be listed"
         }
     }
 }

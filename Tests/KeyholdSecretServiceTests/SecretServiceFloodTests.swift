@@ -156,4 +156,44 @@ import KeyholdTestSupport
         #expect(lines.contains("prompt ok True"), "\(r.stdoutText)")
         #expect(f.agent?.isRunning == true)
     }
+
+    /// A broker that does not answer (stopped: the extreme of one that answers *busy* and is
+    /// retried for seconds by the client library): the client whose call needs the broker
+    /// waits, and another client's property reads are answered at once, as before. The loop
+    /// never waits on the broker; the waiting call is answered once the broker is back.
+    @Test func aStalledBrokerDelaysOnlyTheClientWhoseCallNeedsIt() throws {
+        let f = try SecretServiceFixture()
+        #expect(f.cli(["put", "stall", "ann"], stdin: "stall-secret").status == 0)
+        let id = try #require(Self.ids(f)["ann"])
+        // The agent learns the item from a search (while the broker answers).
+        #expect(f.secretTool(["search", "service", "stall"]).status == 0)
+        let script = f.directory + "/stall.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data((Self.prelude + """
+            item = C + "/" + sys.argv[1]
+            waiting = open_dbus_connection(bus="SESSION")
+            other = open_dbus_connection(bus="SESSION")
+            # The collection's Items needs a listing from the (stopped) broker.
+            waiting.send(new_method_call(DBusAddress(C, SVC, "org.freedesktop.DBus.Properties"), "Get", "ss",
+                                         ("org.freedesktop.Secret.Collection", "Items")))
+            latencies, answers = [], set()
+            for n in range(20):
+                t = time.monotonic()
+                reply = other.send_and_get_reply(new_method_call(DBusAddress(item, SVC, "org.freedesktop.DBus.Properties"), "Get", "ss",
+                                                                 ("org.freedesktop.Secret.Item", "Label")), timeout=10)
+                answers.add(reply.header.message_type.name)
+                latencies.append(time.monotonic() - t)
+            print("others-answered", sorted(answers), "slowest-ms", int(max(latencies) * 1000))
+            """).utf8))
+        chmod(script, 0o644)
+        kill(f.broker.pid, SIGSTOP)
+        let r = f.run("/usr/bin/python3", [script, id])
+        kill(f.broker.pid, SIGCONT)
+        #expect(r.status == 0, "\(r.stderr) \(f.log("agent.log"))")
+        let answered = try #require(r.stdoutText.split(separator: "\n").first { $0.hasPrefix("others-answered") })
+        #expect(answered.hasPrefix("others-answered ['method_return'] slowest-ms "), "\(answered)")
+        let slowest = Int(answered.split(separator: " ").last ?? "") ?? .max
+        #expect(slowest < 100, "another client waited \(slowest) ms for a property")
+        // The agent serves as before once the broker does.
+        expectSecret(f.secretTool(["lookup", "service", "stall", "account", "ann"]).stdoutText, equals: "stall-secret")
+    }
 }
