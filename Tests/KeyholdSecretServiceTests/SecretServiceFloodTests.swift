@@ -196,4 +196,63 @@ import KeyholdTestSupport
         // The agent serves as before once the broker does.
         expectSecret(f.secretTool(["lookup", "service", "stall", "account", "ann"]).stdoutText, equals: "stall-secret")
     }
+
+    /// Hostile use of the per-client queue, with the broker stopped so nothing finishes: one
+    /// client pipelines 60 searches (one runs, 32 wait, the rest get LimitsExceeded at once);
+    /// another sends a GetSecrets and leaves mid-call. Once the broker is back, the waiting
+    /// calls are answered in order, and the agent serves as before.
+    @Test func aClientsWaitingCallsAreBoundedAndOneThatLeavesMidCallCostsNothing() throws {
+        let f = try SecretServiceFixture()
+        #expect(f.cli(["put", "queue", "ann"], stdin: "queue-secret").status == 0)
+        let id = try #require(Self.ids(f)["ann"])
+        #expect(f.secretTool(["search", "service", "queue"]).status == 0)
+        let marker = f.directory + "/refused-seen"
+        let results = f.directory + "/results"
+        let script = f.directory + "/queue.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data((Self.prelude + """
+            item = C + "/" + sys.argv[1]
+            leaver = open_dbus_connection(bus="SESSION")
+            _, (_, sess) = session(leaver)
+            leaver.send(new_method_call(SERVICE, "GetSecrets", "aoo", ([item] * 100, sess)))
+            leaver.close()
+            conn = open_dbus_connection(bus="SESSION")
+            serials = []
+            for n in range(60):
+                conn.send(new_method_call(SERVICE, "SearchItems", "a{ss}", ({"service": "queue"},)), serial=1000 + n)
+            replies = {}
+            def collect(until):
+                while not until():
+                    msg = conn.receive(timeout=60)
+                    r = msg.header.fields.get(5)
+                    if r is not None:
+                        replies[r] = msg
+            # The refusals come while the broker is stopped.
+            collect(lambda: len(replies) >= 27)
+            open(sys.argv[2], "w").close()
+            collect(lambda: len(replies) >= 60)
+            kinds = [replies[1000 + n].header.message_type.name for n in range(60)]
+            errors = sorted(set(replies[1000 + n].header.fields.get(4) for n in range(60) if kinds[n] == "error"))
+            order_ok = [n for n in range(60) if kinds[n] == "method_return"] == list(range(33))
+            found = all(replies[1000 + n].body[0] == [item] for n in range(33))
+            with open(sys.argv[3], "w") as out:
+                out.write("answered %d refused %d %s in-order %s found %s\\n" % (kinds.count("method_return"), kinds.count("error"), errors, order_ok, found))
+            """).utf8))
+        chmod(script, 0o644)
+        chown(f.directory, f.user.uid, gid_t(f.user.uid))
+        kill(f.broker.pid, SIGSTOP)
+        let p = try f.spawn("/usr/bin/python3", [script, id, marker, results], log: "queue.log")
+        var seen = false
+        for _ in 0..<600 where !seen {
+            seen = FileManager.default.fileExists(atPath: marker)
+            if !seen { usleep(50_000) }
+        }
+        kill(f.broker.pid, SIGCONT)
+        #expect(seen, "the refusals did not come while the broker was stopped: \(f.log("queue.log"))")
+        #expect(p.waitForExit(seconds: 60), "\(f.log("queue.log"))")
+        let out = (try? String(contentsOfFile: results, encoding: .utf8)) ?? ""
+        #expect(out == "answered 33 refused 27 ['org.freedesktop.DBus.Error.LimitsExceeded'] in-order True found True\n",
+                "\(out) \(f.log("queue.log")) \(f.log("agent.log"))")
+        #expect(f.agent?.isRunning == true)
+        expectSecret(f.secretTool(["lookup", "service", "queue", "account", "ann"]).stdoutText, equals: "queue-secret")
+    }
 }
