@@ -171,7 +171,7 @@ public final class Agent {
         }) { (found: Result<[ItemInfo], BusError>) throws(BusError) in
             var unlocked: [String] = [], locked: [String] = []
             for i in self.applySearch(query, try found.get()) {
-                if self.state.isLocked(i) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
+                if self.state.isLocked(i, for: c.sender) { locked.append(SecretObject.itemPath(i.id)) } else { unlocked.append(SecretObject.itemPath(i.id)) }
             }
             try answer(unlocked, locked)
         }

@@ -104,9 +104,9 @@ extension Agent {
     /// Items whose reuse window ended are locked again, and clients that cache `Locked` are told.
     func expireLapsed(now: Int64) {
         let lapsed = state.unlockedUntil.filter { $0.value <= now }.map(\.key)
-        for id in lapsed {
-            state.unlockedUntil[id] = nil
-            announceLocked(id, true)
+        for unlock in lapsed {
+            state.unlockedUntil[unlock] = nil
+            announceLocked(unlock.id, true)
         }
     }
 }

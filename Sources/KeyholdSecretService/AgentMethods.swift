@@ -52,9 +52,11 @@ extension Agent {
             }
             for (path, i) in named {
                 guard case .item(let id)? = SecretObject.resolve(path) else { continue }
-                let wasUnlocked = state.unlockedUntil[id].map { $0 > AgentState.now() } ?? false
-                state.unlockedUntil[id] = nil
-                if let i, state.isLocked(i) {
+                // Locked for every client that had it unlocked.
+                let now = AgentState.now()
+                let wasUnlocked = state.unlockedUntil.contains { $0.key.id == id && $0.value > now }
+                state.unlockedUntil = state.unlockedUntil.filter { $0.key.id != id }
+                if let i, state.isLocked(i, for: c.sender) {
                     locked.append(path)
                     if wasUnlocked { changedLocks.append(id) }
                 }
@@ -163,7 +165,7 @@ extension Agent {
             let sessionPath = try c.r.objectPath()
             let session = LentSession(session: try state.session(sessionPath, sender: c.sender))
             // Never prompts: authentication happens in a Prompt, so no call waits on a finger or a password.
-            guard !state.isLocked(i) else { throw .isLocked }
+            guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
             try offload(c, { () -> Result<(parameters: [UInt8], value: [UInt8]), BusError> in
                 Self.brokerResult { () throws(KeyholdError) in
                     try vault.secret(service: i.service, account: i.account, claimedPID: claim)
@@ -173,7 +175,7 @@ extension Agent {
                 }
             }) { (read: Result<(parameters: [UInt8], value: [UInt8]), BusError>) throws(BusError) in
                 guard case .success(let s) = read else {
-                    if case .failure(.isLocked) = read { self.relock([id]) }
+                    if case .failure(.isLocked) = read { self.relock([id], for: c.sender) }
                     return try read.map { _ in () }.get()
                 }
                 try self.reply(c.m) { w in
@@ -185,7 +187,7 @@ extension Agent {
             try c.r.requireSignature("(oayays)")
             let wire = try c.r.secret(maxValueBytes: Self.secretLimit)
             let session = try state.session(wire.session, sender: c.sender)
-            guard !state.isLocked(i) else { throw .isLocked }
+            guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
             let policy: Policy
             do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
@@ -215,7 +217,7 @@ extension Agent {
             }) { (deleted: Result<[ItemInfo]?, BusError>) throws(BusError) in
                 let listing = try deleted.get()
                 self.state.items[id] = nil
-                self.state.unlockedUntil[id] = nil
+                self.state.unlockedUntil = self.state.unlockedUntil.filter { $0.key.id != id }
                 if let listing { self.applyListing(listing) }
                 try self.reply(c.m) { w in w.objectPath("/") }
                 self.announce(.deleted, item: id, fresh: listing != nil)

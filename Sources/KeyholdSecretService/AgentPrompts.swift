@@ -61,8 +61,7 @@ struct PromptJob: Sendable {
                     s.wipe()
                     unlocked.append(PromptOutcome.Unlock(id: t.id, until: asked + t.windowSeconds * 1_000_000))
                 } catch .busy where MonotonicClock.milliseconds() < deadline {
-                    // Another prompt of this user is authenticating: queue behind it (its grant
-                    // may then satisfy this item through the reuse window).
+                    // Another prompt of this user is authenticating: queue behind it.
                     usleep(100_000)
                     continue
                 } catch {}
@@ -82,7 +81,7 @@ extension Agent {
             case .service?, .collection?: unlocked.append(path)
             case .item(let id)?:
                 guard let i = try cachedItem(id) else { continue }
-                if state.isLocked(i) { pending.append(id) } else { unlocked.append(path) }
+                if state.isLocked(i, for: c.sender) { pending.append(id) } else { unlocked.append(path) }
             default: continue
             }
         }
@@ -137,8 +136,11 @@ extension Agent {
     /// On the loop thread: a prompt thread's outcome becomes the unlock state and the signals.
     func finishPrompt(_ outcome: PromptOutcome) {
         // Dismissed, or its client left the bus: nothing of it is kept.
-        guard state.running.removeValue(forKey: outcome.path) != nil else { return }
-        for u in outcome.unlocked { state.unlockedUntil[u.id] = max(state.unlockedUntil[u.id] ?? 0, u.until) }
+        guard let run = state.running.removeValue(forKey: outcome.path) else { return }
+        for u in outcome.unlocked {
+            let key = AgentState.Unlock(client: run.owner, id: u.id)
+            state.unlockedUntil[key] = max(state.unlockedUntil[key] ?? 0, u.until)
+        }
         completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) })
         for u in outcome.unlocked { announceLocked(u.id, false) }
     }

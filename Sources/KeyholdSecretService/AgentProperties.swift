@@ -24,7 +24,7 @@ extension Agent {
     func withValues(_ object: SecretObject, _ c: Call,
                     _ answer: @escaping (String, [(String, Value)]) throws(BusError) -> Void) throws(BusError) {
         guard object == .collection else {
-            let (own, values) = try propertyValues(object)
+            let (own, values) = try propertyValues(object, for: c.sender)
             return try answer(own, values)
         }
         let vault = self.vault, claim = c.claim
@@ -36,14 +36,14 @@ extension Agent {
         }
     }
 
-    func propertyValues(_ object: SecretObject) throws(BusError) -> (String, [(String, Value)]) {
+    func propertyValues(_ object: SecretObject, for client: String) throws(BusError) -> (String, [(String, Value)]) {
         switch object {
         case .service:
             return (Interface.service, [("Collections", .paths([SecretObject.collectionPath]))])
         case .collection:
             return (Interface.collection, collectionValues())
         case .item(let id):
-            return (Interface.item, itemValues(try item(id)))
+            return (Interface.item, itemValues(try item(id), for: client))
         case .session:
             return (Interface.session, [])
         case .prompt:
@@ -61,9 +61,10 @@ extension Agent {
         ]
     }
 
-    func itemValues(_ i: ItemInfo) -> [(String, Value)] {
+    /// `Locked` as `client` sees it (nil: as a client that ran no prompt).
+    func itemValues(_ i: ItemInfo, for client: String?) -> [(String, Value)] {
         [
-            ("Locked", .bool(state.isLocked(i))), ("Attributes", .map(attributes(of: i))),
+            ("Locked", .bool(client.map { state.isLocked(i, for: $0) } ?? (i.policy != Policy.none.description))), ("Attributes", .map(attributes(of: i))),
             ("Label", .string(LabelEncoding.decode(i.label).label)), ("Type", .string("")),
             ("Created", .uint64(UInt64(max(0, i.createdAt / 1_000_000)))),
             ("Modified", .uint64(UInt64(max(0, i.updatedAt / 1_000_000)))),
@@ -119,7 +120,7 @@ extension Agent {
     func setLabel(_ id: String, _ label: String, _ c: Call) throws(BusError) {
         guard label.utf8.count <= Limits.maxTextBytes - 256 else { throw .limitsExceeded("label too long") }
         let i = try item(id)
-        guard !state.isLocked(i) else { throw .isLocked }
+        guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
         let policy: Policy
         do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
         let vault = self.vault, claim = c.claim

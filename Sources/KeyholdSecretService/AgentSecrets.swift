@@ -68,7 +68,7 @@ extension Agent {
         var targets: [SecretsJob.Target] = [], seen: Set<String> = [], contentTypes: [String: String] = [:]
         for path in paths {
             guard case .item(let id)? = SecretObject.resolve(path), seen.insert(id).inserted,
-                  let i = try cachedItem(id), !state.isLocked(i) else { continue }
+                  let i = try cachedItem(id), !state.isLocked(i, for: c.sender) else { continue }
             targets.append(.init(id: id, service: i.service, account: i.account))
             contentTypes[id] = LabelEncoding.decode(i.label).contentType
         }
@@ -76,7 +76,7 @@ extension Agent {
         let cancel = PromptCancel()
         let work = SecretsJob(targets: targets, claim: c.claim, vault: vault, session: LentSession(session: session), cancel: cancel)
         try offload(c, cancel: cancel, { work.run() }) { (outcome: SecretsOutcome) throws(BusError) in
-            self.relock(outcome.relocked)
+            self.relock(outcome.relocked, for: c.sender)
             try self.reply(c.m) { w in
                 w.open(UInt8(ascii: "a"), "{o(oayays)}")
                 for f in outcome.found {
@@ -91,8 +91,11 @@ extension Agent {
         }
     }
 
-    /// Items the broker found locked (their reuse window ended first): locked here too, and said so.
-    func relock(_ ids: [String]) {
-        for id in ids where state.unlockedUntil.removeValue(forKey: id) != nil { announceLocked(id, true) }
+    /// Items the broker found locked for `client` (their reuse window ended first): locked here
+    /// too, and said so.
+    func relock(_ ids: [String], for client: String) {
+        for id in ids where state.unlockedUntil.removeValue(forKey: AgentState.Unlock(client: client, id: id)) != nil {
+            announceLocked(id, true)
+        }
     }
 }

@@ -31,7 +31,7 @@ extension Agent {
         case .created, .deleted:
             changedValues(SecretObject.collectionPath, Interface.collection, ["Items", "Modified"], fresh ? collectionValues() : nil)
         case .changed:
-            changedValues(path, Interface.item, changedProperties, fresh ? state.items[id].map(itemValues) : nil)
+            changedValues(path, Interface.item, changedProperties, fresh ? state.items[id].map { itemValues($0, for: nil) } : nil)
             changedValues(SecretObject.collectionPath, Interface.collection, ["Modified"], fresh ? collectionValues() : nil)
         }
         signal(SecretObject.servicePath, Interface.service, "CollectionChanged") { $0.objectPath(SecretObject.collectionPath) }

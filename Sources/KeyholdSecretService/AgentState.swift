@@ -83,7 +83,15 @@ final class AgentState {
     /// When that listing was made (monotonic ms; nil before the first).
     var listedAt: Int64?
     /// Item id -> µs until which it counts as unlocked (after a prompt passed its policy).
-    var unlockedUntil: [String: Int64] = [:]
+    var unlockedUntil: [Unlock: Int64] = [:]
+
+    /// An item unlocked for one client, by the prompt it ran: the broker holds the grant, for
+    /// that client's process and that item only (ClaimedGrant), so the agent's state is kept
+    /// the same way — another client sees the item locked and needs its own prompt.
+    struct Unlock: Hashable {
+        let client: String
+        let id: String
+    }
 
     func addSession(owner: String, _ session: SecretSession) throws(BusError) -> String {
         guard sessions.values.filter({ $0.owner == owner }).count < Self.maxSessionsPerClient else {
@@ -169,6 +177,7 @@ final class AgentState {
     /// asking, and their outcomes are dropped when they come.
     func forget(client: String) {
         clients[client] = nil
+        unlockedUntil = unlockedUntil.filter { $0.key.client != client }
         sessions = sessions.filter { $0.value.owner != client }
         prompts = prompts.filter { $0.value.owner != client }
         for (path, p) in running where p.owner == client {
@@ -183,8 +192,8 @@ final class AgentState {
 
     static func now() -> Int64 { MonotonicClock.microseconds() }
 
-    func isLocked(_ item: ItemInfo) -> Bool {
+    func isLocked(_ item: ItemInfo, for client: String) -> Bool {
         guard item.policy != Policy.none.description else { return false }
-        return (unlockedUntil[item.id] ?? 0) <= Self.now()
+        return (unlockedUntil[Unlock(client: client, id: item.id)] ?? 0) <= Self.now()
     }
 }

@@ -83,3 +83,23 @@ extension Session {
         return Denial(.notAuthorized, "an item restricted with --allow-exe is not released through the Secret Service")
     }
 }
+
+/// The item and claimed requester a reuse window opened through the Secret Service agent
+/// covers: an unlock the person approved in one client's prompt lets that client (its process,
+/// by pid and start time) read the items the prompt named, for their reuse window, and no
+/// other client or item. The agent relays every client's requests from one process in one
+/// login session; keyed by that process alone, one approval would cover them all.
+struct ClaimedGrant: Hashable, Sendable {
+    let pid: Int32
+    let startTime: UInt64
+    let itemID: ItemID
+
+    /// nil for a request without a claim, or whose claimed process cannot be read (then no
+    /// window applies: ReleaseGate refuses).
+    init?(_ request: Request, _ item: StoredItem) {
+        guard let pid = request.claimedPID, let facts = CallerFacts.read(pid: pid), facts.startTime > 0 else { return nil }
+        self.pid = pid
+        startTime = facts.startTime
+        itemID = item.id
+    }
+}
