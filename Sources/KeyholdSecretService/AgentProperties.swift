@@ -3,6 +3,20 @@ import KeyholdClient
 import KeyholdCore
 import KeyholdProtocol
 
+extension MessageWriter {
+    /// `a{sv}`: property names and values (GetAll, PropertiesChanged).
+    func properties(_ values: [(String, Agent.Value)]) {
+        open(UInt8(ascii: "a"), "{sv}")
+        for (name, value) in values {
+            open(UInt8(ascii: "e"), "sv")
+            string(name)
+            value.write(self)
+            close()
+        }
+        close()
+    }
+}
+
 /// org.freedesktop.DBus.Properties for every object.
 extension Agent {
     enum Value {
@@ -87,16 +101,7 @@ extension Agent {
             let iface = try c.r.string()
             try withValues(object, c) { own, values throws(BusError) in
                 let shown = iface.isEmpty || iface == own ? values : []
-                try self.reply(c.m) { w in
-                    w.open(UInt8(ascii: "a"), "{sv}")
-                    for (k, v) in shown {
-                        w.open(UInt8(ascii: "e"), "sv")
-                        w.string(k)
-                        v.write(w)
-                        w.close()
-                    }
-                    w.close()
-                }
+                try self.reply(c.m) { w in w.properties(shown) }
             }
         case "Set":
             try c.r.requireSignature("ssv")

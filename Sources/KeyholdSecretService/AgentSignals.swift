@@ -54,14 +54,7 @@ extension Agent {
     func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = []) {
         signal(path, Interface.properties, "PropertiesChanged") { w in
             w.string(interface)
-            w.open(UInt8(ascii: "a"), "{sv}")
-            for (name, value) in changed {
-                w.open(UInt8(ascii: "e"), "sv")
-                w.string(name)
-                value.write(w)
-                w.close()
-            }
-            w.close()
+            w.properties(changed)
             w.open(UInt8(ascii: "a"), "s")
             for name in invalidated { w.string(name) }
             w.close()
