@@ -118,12 +118,20 @@ public final class Agent {
         return sd_bus_send(nil, out, nil) >= 0
     }
 
-    func signal(_ path: String, _ interface: String, _ member: String, _ body: (MessageWriter) -> Void) {
-        var out: OpaquePointer?
-        guard sd_bus_message_new_signal(bus, &out, path, interface, member) >= 0, let out else { return }
-        body(MessageWriter(m: out))
-        _ = sd_bus_send(bus, out, nil)
-        sd_bus_message_unref(out)
+    /// A signal, sent to this user's own clients only (those that called, by the bus's word on
+    /// their uid), each its own copy: broadcast, it would tell any process a permissive bus
+    /// admits which items exist and their labels as they change. `to`: these clients only.
+    func signal(_ path: String, _ interface: String, _ member: String, to clients: [String]? = nil,
+                _ body: (MessageWriter) -> Void) {
+        let uid = getuid()
+        for client in clients ?? state.clients.filter({ $0.value.uid == uid }).map(\.key) {
+            var out: OpaquePointer?
+            guard sd_bus_message_new_signal(bus, &out, path, interface, member) >= 0, let out else { return }
+            defer { sd_bus_message_unref(out) }
+            guard sd_bus_message_set_destination(out, client) >= 0 else { continue }
+            body(MessageWriter(m: out))
+            _ = sd_bus_send(bus, out, nil)
+        }
     }
 
     // MARK: items from the broker

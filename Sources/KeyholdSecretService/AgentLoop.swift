@@ -106,7 +106,7 @@ extension Agent {
         let lapsed = state.unlockedUntil.filter { $0.value <= now }.map(\.key)
         for unlock in lapsed {
             state.unlockedUntil[unlock] = nil
-            announceLocked(unlock.id, true)
+            announceLocked(unlock.id, true, to: [unlock.client])
         }
     }
 }

@@ -88,7 +88,7 @@ extension Agent {
         let (prompt, evicted) = pending.isEmpty ? ("/", nil) : try state.addPrompt(owner: c.sender, itemIDs: pending)
         try reply(c.m) { w in w.objectPaths(unlocked); w.objectPath(prompt) }
         // A prompt displaced by the fair share (AgentState) ends as dismissed, as if its client had.
-        if let evicted { completed(evicted, dismissed: true, []) }
+        if let evicted { completed(evicted.path, dismissed: true, [], for: evicted.owner) }
     }
 
     func promptMethod(_ path: String, _ c: Call) throws(BusError) {
@@ -118,7 +118,7 @@ extension Agent {
             let inbox = self.inbox
             guard DetachedThread.start({ inbox.post(.prompt(job.run())) }) else {
                 state.running[path] = nil
-                completed(path, dismissed: true, [])
+                completed(path, dismissed: true, [], for: c.sender)
                 return
             }
         case "Dismiss":
@@ -127,7 +127,7 @@ extension Agent {
             // A running prompt's thread stops asking; whatever it still gets from the broker is dropped.
             state.running.removeValue(forKey: path)?.cancel.cancel()
             try reply(c.m) { _ in }
-            completed(path, dismissed: true, [])
+            completed(path, dismissed: true, [], for: c.sender)
         default:
             throw .unknownMethod("no method \(c.member) on a Prompt")
         }
@@ -141,12 +141,13 @@ extension Agent {
             let key = AgentState.Unlock(client: run.owner, id: u.id)
             state.unlockedUntil[key] = max(state.unlockedUntil[key] ?? 0, u.until)
         }
-        completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) })
-        for u in outcome.unlocked { announceLocked(u.id, false) }
+        completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) }, for: run.owner)
+        // Unlocked for that client only (AgentState.Unlock).
+        for u in outcome.unlocked { announceLocked(u.id, false, to: [run.owner]) }
     }
 
-    func completed(_ path: String, dismissed: Bool, _ unlocked: [String]) {
-        signal(path, Interface.prompt, "Completed") { w in
+    func completed(_ path: String, dismissed: Bool, _ unlocked: [String], for client: String) {
+        signal(path, Interface.prompt, "Completed", to: [client]) { w in
             w.bool(dismissed)
             w.variant("ao") { w.objectPaths(unlocked) }
         }

@@ -95,7 +95,7 @@ extension Agent {
     /// too, and said so.
     func relock(_ ids: [String], for client: String) {
         for id in ids where state.unlockedUntil.removeValue(forKey: AgentState.Unlock(client: client, id: id)) != nil {
-            announceLocked(id, true)
+            announceLocked(id, true, to: [client])
         }
     }
 }

@@ -45,14 +45,16 @@ extension Agent {
 
     /// An item's lock state changed (unlocked by a prompt, locked by Lock, or its reuse window
     /// ended): its Locked property, and ItemChanged on the collection.
-    func announceLocked(_ id: String, _ locked: Bool) {
+    /// `to`: the clients it changed for (nil: all).
+    func announceLocked(_ id: String, _ locked: Bool, to clients: [String]? = nil) {
         let path = SecretObject.itemPath(id)
-        propertiesChanged(path, Interface.item, changed: [("Locked", .bool(locked))])
-        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(path) }
+        propertiesChanged(path, Interface.item, changed: [("Locked", .bool(locked))], to: clients)
+        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged", to: clients) { $0.objectPath(path) }
     }
 
-    func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = []) {
-        signal(path, Interface.properties, "PropertiesChanged") { w in
+    func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = [],
+                           to clients: [String]? = nil) {
+        signal(path, Interface.properties, "PropertiesChanged", to: clients) { w in
             w.string(interface)
             w.properties(changed)
             w.open(UInt8(ascii: "a"), "s")

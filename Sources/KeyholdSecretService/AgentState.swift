@@ -126,17 +126,16 @@ final class AgentState {
     }
 
     /// A new prompt, and the one it displaced from the biggest holder (to be told it is dismissed).
-    func addPrompt(owner: String, itemIDs: [String]) throws(BusError) -> (path: String, evicted: String?) {
+    func addPrompt(owner: String, itemIDs: [String]) throws(BusError) -> (path: String, evicted: (path: String, owner: String)?) {
         guard prompts.values.filter({ $0.owner == owner }).count < Self.maxPromptsPerClient else {
             throw .limitsExceeded("too many prompts for this client")
         }
-        var evicted: String?
+        var evicted: (path: String, owner: String)?
         if prompts.count >= Self.maxPrompts {
             guard let e = Self.fairShare(prompts.mapValues { ($0.owner, $0.serial) }, for: owner) else {
                 throw .limitsExceeded("too many prompts")
             }
-            prompts[e] = nil
-            evicted = e
+            evicted = prompts.removeValue(forKey: e).map { (e, $0.owner) }
         }
         let path = SecretObject.promptPrefix + String(nextPrompt)
         nextPrompt = nextPrompt >= 999_999_999 ? 1 : nextPrompt + 1

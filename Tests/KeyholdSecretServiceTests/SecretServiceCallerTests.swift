@@ -198,4 +198,74 @@ import KeyholdTestSupport
                     || row.contains("is gone"), "\(row)")
         }
     }
+
+    /// The agent's change signals go to the user's own clients only: another uid subscribed to
+    /// every signal on a permissive bus hears nothing of an item being relabelled (its path or
+    /// its new label), while the owner's own listener does.
+    @Test func anotherUserOnAPermissiveBusHearsNoSignals() throws {
+        let guest = try TestUser(prefix: "khg")
+        let f = try SecretServiceFixture(busGuests: [guest.name])
+        let path = try Self.storeItem(f)
+        let ready = f.directory + "/guest-ready", heard = f.directory + "/guest-heard"
+        for file in [ready, heard] {
+            _ = FileManager.default.createFile(atPath: file, contents: nil)
+            chown(file, guest.uid, gid_t(guest.uid))
+        }
+        let script = f.directory + "/listen.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data((Self.prelude + """
+            from jeepney import MatchRule, message_bus
+            from jeepney.bus_messages import message_bus as bus_methods
+            conn = open_dbus_connection(bus="SESSION")
+            conn.send_and_get_reply(bus_methods.AddMatch(MatchRule(type="signal")), timeout=30)
+            with open(sys.argv[1], "w") as f:
+                f.write("ready")
+            heard = []
+            while True:
+                msg = conn.receive(timeout=60)
+                member = msg.header.fields.get(3)
+                if member == "Probe":
+                    break
+                if msg.header.fields.get(2, "").startswith("org.freedesktop.Secret") or "Secret" in repr(msg.body) or "relabelled" in repr(msg.body):
+                    heard.append(member)
+            with open(sys.argv[2], "w") as f:
+                f.write("heard %d %s" % (len(heard), sorted(set(heard))))
+            """).utf8))
+        chmod(script, 0o644)
+        let listener = Process()
+        listener.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        listener.arguments = ["--reuid=\(guest.name)", "--regid=\(guest.name)", "--init-groups", "--", "/usr/bin/python3", script, ready, heard]
+        listener.environment = f.userEnvironment()
+        listener.standardOutput = FileHandle.nullDevice
+        try listener.run()
+        defer { if listener.isRunning { kill(listener.processIdentifier, SIGKILL); listener.waitUntilExit() } }
+        var isReady = false
+        for _ in 0..<300 where !isReady {
+            isReady = f.log("guest-ready") == "ready"
+            if !isReady { usleep(20_000) }
+        }
+        #expect(isReady)
+        // The owner listens too (a client that has called), relabels, reads the label back (so
+        // every signal of the change was sent before that answer), and then sends the probe.
+        let owner = f.python(Self.prelude + """
+            from jeepney import MatchRule
+            from jeepney.bus_messages import message_bus as bus_methods
+            import subprocess
+            listener = open_dbus_connection(bus="SESSION")
+            listener.send_and_get_reply(bus_methods.AddMatch(MatchRule(type="signal", interface="org.freedesktop.DBus.Properties")), timeout=30)
+            call(listener, S, "org.freedesktop.DBus.Properties", "Get", "ss", ("org.freedesktop.Secret.Service", "Collections"))
+            conn = open_dbus_connection(bus="SESSION")
+            P = sys.argv[1]
+            print("set", call(conn, P, "org.freedesktop.DBus.Properties", "Set", "ssv", ("org.freedesktop.Secret.Item", "Label", ("s", "relabelled")))[:2])
+            print("get", call(conn, P, "org.freedesktop.DBus.Properties", "Get", "ss", ("org.freedesktop.Secret.Item", "Label")))
+            while True:
+                msg = listener.receive(timeout=30)
+                if msg.header.fields.get(3) == "PropertiesChanged" and "relabelled" in repr(msg.body):
+                    print("owner-heard relabelled")
+                    break
+            subprocess.run(["/usr/bin/dbus-send", "--session", "--type=signal", "/probe", "org.keyhold.Probe.Probe"], check=True)
+            """, arguments: [path])
+        #expect(owner.stdoutText.contains("owner-heard relabelled"), "\(owner.stdoutText) \(owner.stderr) \(f.log("agent.log"))")
+        #expect(listener.waitForExit(seconds: 60))
+        #expect(f.log("guest-heard") == "heard 0 []", "\(f.log("guest-heard"))")
+    }
 }
