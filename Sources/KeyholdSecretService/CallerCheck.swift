@@ -55,16 +55,17 @@ extension Agent {
         }()
         let asked = "\(member) on \(path) from \(sender)"
         guard let creds = credentials(of: sender) else {
-            reporter.report(vault, item: item, claimedPID: Request.unreadableClaimedPID, asked: asked)
+            reporter.report(vault, item: item, claimedPID: Request.unreadableClaimedPID, asked: asked, source: "unreadable")
             throw .accessDenied("the bus could not say who sent this call")
         }
         guard creds.uid == getuid() else {
-            reporter.report(vault, item: item, claimedPID: creds.pid, asked: asked + " (uid \(creds.uid))")
+            reporter.report(vault, item: item, claimedPID: creds.pid, asked: asked + " (uid \(creds.uid))", source: "uid \(creds.uid)")
             throw .accessDenied("only this user's own processes may use this Secret Service")
         }
         guard let first = creds.startTime, let now = ProcessIdentity.read(pid: creds.pid),
               now.uid == getuid(), now.startTime == first else {
-            reporter.report(vault, item: item, claimedPID: creds.pid, asked: asked + " (the connecting process is gone)")
+            reporter.report(vault, item: item, claimedPID: creds.pid, asked: asked + " (the connecting process is gone)",
+                            source: "gone")
             throw .accessDenied("the process that connected to the bus is gone")
         }
         return creds.pid
@@ -120,9 +121,10 @@ extension Agent {
 }
 
 /// Sends the refusal reports to the broker off the event loop (the broker may be busy): queued,
-/// and sent by a few threads that drain the queue. A flood of refused calls from another user
-/// costs the loop nothing and the broker a bounded number of requests at a time; past the
-/// queue's bound, refusals are counted into the next report rather than each sent.
+/// and sent by a few threads that drain the queue. Each report costs the *owner's* audit
+/// budget, so refusals are reported one by one up to a burst per source (another uid, a gone
+/// process, an unreadable sender), then one a second, each saying how many it stands for: a
+/// flood from another user cannot spend the owner's budget, nor the loop's time.
 final class RefusalReporter: Sendable {
     struct Report: Sendable {
         let item: ItemReference?
@@ -130,14 +132,36 @@ final class RefusalReporter: Sendable {
         let asked: String
     }
 
+    struct Tally {
+        var tokens: Double
+        var at: Int64
+        var unreported: Int
+    }
+
     static let maxRunning = 4
     static let maxQueued = 256
-    private let pending = Mutex<(queue: [Report], running: Int, unreported: Int)>(([], 0, 0))
+    static let burst = 64.0
+    static let perSecond = 1.0
+    static let maxSources = 256
+    private let pending = Mutex<(queue: [Report], running: Int, tallies: [String: Tally])>(([], 0, [:]))
 
-    func report(_ vault: Vault, item: ItemReference?, claimedPID: Int32, asked: String) {
+    func report(_ vault: Vault, item: ItemReference?, claimedPID: Int32, asked: String, source: String) {
+        let now = MonotonicClock.milliseconds()
         let start: Bool = pending.withLock { p in
-            guard p.queue.count < Self.maxQueued else { p.unreported += 1; return false }
-            p.queue.append(Report(item: item, claimedPID: claimedPID, asked: asked))
+            let key = p.tallies[source] != nil || p.tallies.count < Self.maxSources ? source : "other"
+            var t = p.tallies[key] ?? Tally(tokens: Self.burst, at: now, unreported: 0)
+            t.tokens = min(Self.burst, t.tokens + Double(now - t.at) / 1000 * Self.perSecond)
+            t.at = now
+            guard t.tokens >= 1, p.queue.count < Self.maxQueued else {
+                t.unreported += 1
+                p.tallies[key] = t
+                return false
+            }
+            t.tokens -= 1
+            let text = t.unreported > 0 ? "\(asked), and \(t.unreported) more refused call(s) from \(key) not reported one by one" : asked
+            t.unreported = 0
+            p.tallies[key] = t
+            p.queue.append(Report(item: item, claimedPID: claimedPID, asked: text))
             guard p.running < Self.maxRunning else { return false }
             p.running += 1
             return true
@@ -148,14 +172,12 @@ final class RefusalReporter: Sendable {
 
     private func drain(_ vault: Vault) {
         while true {
-            let next: (Report, Int)? = pending.withLock { p in
+            let next: Report? = pending.withLock { p in
                 guard !p.queue.isEmpty else { p.running -= 1; return nil }
-                defer { p.unreported = 0 }
-                return (p.queue.removeFirst(), p.unreported)
+                return p.queue.removeFirst()
             }
-            guard let (r, skipped) = next else { return }
-            let asked = skipped > 0 ? "\(r.asked), and \(skipped) more refused call(s) not reported one by one" : r.asked
-            vault.reportRefusal(item: r.item, claimedPID: r.claimedPID, asked: asked)
+            guard let r = next else { return }
+            vault.reportRefusal(item: r.item, claimedPID: r.claimedPID, asked: r.asked)
         }
     }
 }

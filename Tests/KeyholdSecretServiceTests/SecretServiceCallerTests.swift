@@ -268,4 +268,34 @@ import KeyholdTestSupport
         #expect(listener.waitForExit(seconds: 60))
         #expect(f.log("guest-heard") == "heard 0 []", "\(f.log("guest-heard"))")
     }
+
+    /// A flood of refused calls from another uid cannot spend the owner's audit budget: the
+    /// first 64 are reported one by one, then one a second, saying how many it stands for; the
+    /// owner is served as before.
+    @Test func aFloodOfRefusedCallsIsReportedBounded() throws {
+        let guest = try TestUser(prefix: "khg")
+        let f = try SecretServiceFixture(busGuests: [guest.name])
+        _ = try Self.storeItem(f)
+        let script = f.directory + "/flood.py"
+        _ = FileManager.default.createFile(atPath: script, contents: Data((Self.prelude + """
+            conn = open_dbus_connection(bus="SESSION")
+            # 100: the bus itself allows 128 calls awaiting a reply per connection.
+            for n in range(100):
+                conn.send(new_method_call(DBusAddress(C, SVC, "org.freedesktop.DBus.Properties"), "Get", "ss",
+                                          ("org.freedesktop.Secret.Collection", "Items")))
+            print("last", items(conn))
+            time.sleep(2.5)  # the reports' rate is one a second: the next one is due
+            print("later", items(conn))
+            """).utf8))
+        chmod(script, 0o644)
+        let env = f.userEnvironment().map { "\($0)=\($1)" }
+        let r = runCommand("/usr/bin/env", ["-i"] + env + ["timeout", "-s", "KILL", "60", "/usr/bin/python3", script], asUser: guest.name)
+        #expect(r.stdoutText == "last error org.freedesktop.DBus.Error.AccessDenied\nlater error org.freedesktop.DBus.Error.AccessDenied\n",
+                "\(r.stdoutText) \(r.stderr)")
+        let summary = Self.deniedRows(f, ["more refused call(s) from uid \(guest.uid) not reported one by one"])
+        #expect(summary.count == 1, "\(summary)")
+        let reported = f.cli(["audit", "--json"]).stdoutText.split(separator: "\n").filter { $0.contains("refused by the Secret Service agent") }
+        #expect(reported.count >= 64 && reported.count <= 68, "\(reported.count) refusals reported")
+        Self.expectIntact(f)
+    }
 }
