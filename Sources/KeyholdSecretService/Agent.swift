@@ -4,9 +4,11 @@ import KeyholdClient
 import KeyholdCore
 import KeyholdProtocol
 
-/// The Secret Service on the bus: resolves each call's object, checks its arguments, and
-/// forwards to the broker as this user. Only the event loop's thread touches it and the bus;
-/// a running prompt's authentication is on its own thread and hands back a `PromptOutcome`.
+/// The Secret Service on the bus: confirms each caller (CallerCheck.swift), resolves the
+/// call's object, checks its arguments, and forwards to the broker as this user with the
+/// caller's claim. Only the event loop's thread touches it and the bus; every broker request
+/// runs on a thread of its own (a call's job: AgentJobs.swift; a running prompt's
+/// authentication: AgentPrompts.swift) and hands its result back through the `LoopInbox`.
 public final class Agent {
     let bus: OpaquePointer
     let vault: Vault
