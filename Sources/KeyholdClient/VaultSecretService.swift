@@ -4,10 +4,10 @@ import KeyholdProtocol
 @_exported import enum KeyholdProtocol.AttributeMapping
 
 /// Calls the Secret Service agent makes on behalf of a D-Bus client. Each carries the pid the
-/// bus named as the sender, which the broker records as a claimed requester (never trusted as
-/// an identity).
+/// bus named as the sender (or `Request.unreadableClaimedPID`), which the broker checks and
+/// records as a claimed requester (never trusted as an identity): there is no call without one.
 extension Vault {
-    public func secret(service: String, account: String, claimedPID: Int32?, reason: String? = nil,
+    public func secret(service: String, account: String, claimedPID: Int32, reason: String? = nil,
                        interaction: Interaction? = nil) throws(KeyholdError) -> SecureBytes {
         var r = Request(.get, item: ItemReference(service: service, account: account))
         r.reason = reason
@@ -21,7 +21,7 @@ extension Vault {
     /// Stores or replaces an item (no application-password policies through this path).
     public func store(_ secret: SecureBytes, service: String, account: String, label: String, policy: Policy,
                       reuseSeconds: UInt32, allowedExecutables: [String] = [], update: Bool,
-                      claimedPID: Int32?) throws(KeyholdError) {
+                      claimedPID: Int32) throws(KeyholdError) {
         guard secret.count <= Limits.maxSecretBytes else {
             throw .invalidRequest("secret is \(secret.count) bytes; the limit is \(Limits.maxSecretBytes)")
         }
@@ -38,7 +38,7 @@ extension Vault {
         _ = try perform(r, interaction: nil)
     }
 
-    public func delete(service: String, account: String, claimedPID: Int32?) throws(KeyholdError) {
+    public func delete(service: String, account: String, claimedPID: Int32) throws(KeyholdError) {
         var r = Request(.delete, item: ItemReference(service: service, account: account))
         r.claimedPID = claimedPID
         _ = try perform(r, interaction: nil)
@@ -63,4 +63,40 @@ extension Vault {
         _ = try perform(r, interaction: nil, onItems: { found.append(contentsOf: $0) })
         return found
     }
+}
+
+extension Vault {
+    /// The claim for a sender the bus could not name (`Request.unreadableClaimedPID`).
+    public static let unreadableClaimedPID = Request.unreadableClaimedPID
+
+    /// Metadata of all the caller's items, for the D-Bus client whose pid is claimed.
+    public func items(claimedPID: Int32) throws(KeyholdError) -> [ItemInfo] {
+        var r = Request(.list)
+        r.claimedPID = claimedPID
+        var all: [ItemInfo] = []
+        _ = try perform(r, interaction: nil, onItems: { all.append(contentsOf: $0) })
+        return all
+    }
+
+    /// Has the broker audit a D-Bus call the agent refused (another user's process, a sender
+    /// gone or unreadable): a request that can read nothing — the named item's state, or a
+    /// search no item matches — carrying the sender's claim, which the broker refuses under
+    /// that operation with why, `asked` naming the call. The agent has already refused the
+    /// call whatever this answers; the real operation is never sent.
+    public func reportRefusal(item: ItemReference?, claimedPID: Int32, asked: String) {
+        var r: Request
+        if let item {
+            r = Request(.state, item: item)
+        } else {
+            r = Request(.search)
+            r.searchAttributes = [Self.refusalMarker: ""]
+        }
+        r.reason = "refused by the Secret Service agent: \(asked)"
+        r.claimedPID = claimedPID
+        _ = try? perform(r, interaction: nil)
+    }
+
+    /// The report's search: an attribute no client is expected to store, so that even a
+    /// report the broker carried out would list (to the agent, which drops it) nothing.
+    static let refusalMarker = "keyhold.refused-call"
 }

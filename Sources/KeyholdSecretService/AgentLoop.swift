@@ -14,12 +14,18 @@ struct PromptOutcome: Sendable {
     let unlocked: [Unlock]
 }
 
-/// Hands prompt outcomes from their threads to the loop thread. sd-bus objects are not
-/// thread-safe, so a prompt thread never touches the bus: it queues its outcome here and
+/// What a thread hands back to the loop: a prompt's outcome, or a job's result.
+enum LoopEvent: Sendable {
+    case prompt(PromptOutcome)
+    case job(JobResult)
+}
+
+/// Hands outcomes from prompt and job threads to the loop thread. sd-bus objects are not
+/// thread-safe, so such a thread never touches the bus: it queues its outcome here and
 /// wakes the loop through an eventfd the loop polls beside the bus's fd.
 final class LoopInbox: Sendable {
     let fd: Int32
-    private let outcomes = Mutex<[PromptOutcome]>([])
+    private let outcomes = Mutex<[LoopEvent]>([])
 
     init?() {
         let fd = ckss_eventfd()
@@ -30,7 +36,7 @@ final class LoopInbox: Sendable {
     // Prompt threads hold the inbox until they have posted, so the fd outlives every writer.
     deinit { close(fd) }
 
-    func post(_ outcome: PromptOutcome) {
+    func post(_ outcome: LoopEvent) {
         outcomes.withLock { $0.append(outcome) }
         var one: UInt64 = 1
         _ = write(fd, &one, 8)
@@ -38,7 +44,7 @@ final class LoopInbox: Sendable {
 
     /// Everything posted so far (the eventfd is reset first, so a post racing this is seen
     /// on the next wake-up rather than lost).
-    func take() -> [PromptOutcome] {
+    func take() -> [LoopEvent] {
         var count: UInt64 = 0
         _ = read(fd, &count, 8)
         return outcomes.withLock { queued in
@@ -64,7 +70,12 @@ extension Agent {
         let busFD = sd_bus_get_fd(bus)
         guard busFD >= 0 else { return }
         while ckss_terminated() == 0 && !flags.nameLost {
-            for outcome in inbox.take() { finishPrompt(outcome) }
+            for event in inbox.take() {
+                switch event {
+                case .prompt(let outcome): finishPrompt(outcome)
+                case .job(let result): finishJob(result)
+                }
+            }
             expireLapsed(now: AgentState.now())
             let r = sd_bus_process(bus, nil)
             if r < 0 { break }  // the bus went away
@@ -93,9 +104,9 @@ extension Agent {
     /// Items whose reuse window ended are locked again, and clients that cache `Locked` are told.
     func expireLapsed(now: Int64) {
         let lapsed = state.unlockedUntil.filter { $0.value <= now }.map(\.key)
-        for id in lapsed {
-            state.unlockedUntil[id] = nil
-            announceLocked(id, true)
+        for unlock in lapsed {
+            state.unlockedUntil[unlock] = nil
+            announceLocked(unlock.id, true, to: [unlock.client])
         }
     }
 }

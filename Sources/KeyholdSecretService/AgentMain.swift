@@ -67,7 +67,6 @@ final class LoopFlags {
 private let methodHandler: sd_bus_message_handler_t = { m, userdata, retError in
     guard let m, let userdata else { return 0 }
     let agent = Unmanaged<Agent>.fromOpaque(userdata).takeUnretainedValue()
-    if let i = sd_bus_message_get_interface(m), String(cString: i) == "org.freedesktop.DBus.Introspectable" { return 0 }
     do throws(BusError) {
         return try agent.dispatch(m) ? 1 : 0
     } catch {

@@ -35,51 +35,36 @@ extension Agent {
             }
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
-            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
-                                                claimedPID: claimedPID(c.m))
-            try reply(c.m) { w in w.objectPaths(unlocked); w.objectPaths(locked) }
+            try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes), c) { unlocked, locked throws(BusError) in
+                try self.reply(c.m) { w in w.objectPaths(unlocked); w.objectPaths(locked) }
+            }
         case "Unlock":
             try c.r.requireSignature("ao")
             try unlock(try c.r.objectPaths(limit: Self.maxObjects), c)
         case "Lock":
             try c.r.requireSignature("ao")
             var locked: [String] = [], changedLocks: [String] = []
+            // Every item resolved before any is locked: a call answered after a new listing
+            // (`.listingNeeded`) runs again from the start.
+            var named: [(String, ItemInfo?)] = []
             for path in try c.r.objectPaths(limit: Self.maxObjects) {
-                if case .item(let id)? = SecretObject.resolve(path) {
-                    let wasUnlocked = state.unlockedUntil[id].map { $0 > AgentState.now() } ?? false
-                    state.unlockedUntil[id] = nil
-                    if let i = try? item(id), state.isLocked(i) {
-                        locked.append(path)
-                        if wasUnlocked { changedLocks.append(id) }
-                    }
+                if case .item(let id)? = SecretObject.resolve(path) { named.append((path, try cachedItem(id))) }
+            }
+            for (path, i) in named {
+                guard case .item(let id)? = SecretObject.resolve(path) else { continue }
+                // Locked for every client that had it unlocked.
+                let now = AgentState.now()
+                let wasUnlocked = state.unlockedUntil.contains { $0.key.id == id && $0.value > now }
+                state.unlockedUntil = state.unlockedUntil.filter { $0.key.id != id }
+                if let i, state.isLocked(i, for: c.sender) {
+                    locked.append(path)
+                    if wasUnlocked { changedLocks.append(id) }
                 }
             }
             try reply(c.m) { w in w.objectPaths(locked); w.objectPath("/") }
             for id in changedLocks { announceLocked(id, true) }
         case "GetSecrets":
-            try c.r.requireSignature("aoo")
-            let paths = try c.r.objectPaths(limit: Self.maxObjects)
-            let sessionPath = try c.r.objectPath()
-            let session = try state.session(sessionPath, sender: c.sender)
-            let pid = claimedPID(c.m)
-            var out: [(String, WireSecret)] = []
-            for path in paths {
-                guard case .item(let id)? = SecretObject.resolve(path), let i = try? item(id) else { continue }
-                // Locked or refused items are left out, as the specification says.
-                guard var s = try? secret(i, session: session, claimedPID: pid) else { continue }
-                s.session = sessionPath
-                out.append((path, s))
-            }
-            try reply(c.m) { w in
-                w.open(UInt8(ascii: "a"), "{o(oayays)}")
-                for (path, s) in out {
-                    w.open(UInt8(ascii: "e"), "o(oayays)")
-                    w.objectPath(path)
-                    w.secret(s)
-                    w.close()
-                }
-                w.close()
-            }
+            try getSecrets(c)
         case "ReadAlias":
             try c.r.requireSignature("s")
             let name = try c.r.string()
@@ -105,9 +90,9 @@ extension Agent {
         switch c.member {
         case "SearchItems":
             try c.r.requireSignature("a{ss}")
-            let (unlocked, locked) = try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes),
-                                                claimedPID: claimedPID(c.m))
-            try reply(c.m) { w in w.objectPaths(unlocked + locked) }
+            try search(try c.r.stringMap(limit: AttributeMapping.maxPairs, maxBytes: Limits.maxTextBytes), c) { unlocked, locked throws(BusError) in
+                try self.reply(c.m) { w in w.objectPaths(unlocked + locked) }
+            }
         case "CreateItem":
             try c.r.requireSignature("a{sv}(oayays)b")
             var label = "", attributes: [String: String] = [:]
@@ -148,38 +133,21 @@ extension Agent {
                 throw .limitsExceeded("attributes too large")
             }
             let secret = try session.decode(parameters: wire.parameters, value: wire.value)
-            defer { secret.wipe() }
-            var existing = try item(named: ref, claimedPID: claimedPID(c.m))
-            for attempt in 0..<2 {
-                var policy = options.defaultPolicy
-                if let existing {
-                    do throws(Policy.ParseError) { policy = try Policy(parsing: existing.policy) } catch { throw .failed("unreadable policy") }
+            let request = StoreRequest(ref: ref, label: LabelEncoding.encode(label: label, contentType: wire.contentType),
+                                       defaultPolicy: options.defaultPolicy, defaultReuse: options.reuseSeconds)
+            let vault = self.vault, claim = c.claim
+            try offload(c, { () -> Result<StoreRequest.Outcome, BusError> in
+                defer { secret.wipe() }
+                return request.run(secret, vault: vault, claim: claim)
+            }) { (stored: Result<StoreRequest.Outcome, BusError>) throws(BusError) in
+                let outcome = try stored.get()
+                _ = self.applySearch(AttributeMapping.attributes(service: ref.service, account: ref.account), outcome.found)
+                try self.reply(c.m) { w in w.objectPath(SecretObject.itemPath(outcome.stored.id)); w.objectPath("/") }
+                if outcome.replaced {
+                    self.announce(.changed, item: outcome.stored.id, changedProperties: ["Label", "Modified"])
+                } else {
+                    self.announce(.created, item: outcome.stored.id)
                 }
-                do throws(KeyholdError) {
-                    try vault.store(secret, service: ref.service, account: ref.account,
-                                    label: LabelEncoding.encode(label: label, contentType: wire.contentType),
-                                    policy: policy,
-                                    reuseSeconds: existing?.reuseSeconds ?? options.reuseSeconds,
-                                    allowedExecutables: existing?.allowedExecutables ?? [],
-                                    update: existing != nil, claimedPID: claimedPID(c.m))
-                    break
-                } catch .duplicateItem where existing == nil && attempt == 0 {
-                    // The index did not show it (its rows removed on disk): the whole list does.
-                    try refreshItems()
-                    existing = state.items.values.first { $0.service == ref.service && $0.account == ref.account }
-                } catch {
-                    throw Self.busError(error)
-                }
-            }
-            guard let stored = try item(named: ref, claimedPID: claimedPID(c.m)) else {
-                throw .failed("the item was not stored")
-            }
-            let path = SecretObject.itemPath(stored.id)
-            try reply(c.m) { w in w.objectPath(path); w.objectPath("/") }
-            if existing == nil {
-                announce(.created, item: stored.id, listed: true)
-            } else {
-                announce(.changed, item: stored.id, changedProperties: ["Label", "Modified"], listed: true)
             }
         case "Delete":
             throw .notSupported("the login collection cannot be deleted")
@@ -190,47 +158,121 @@ extension Agent {
 
     func itemMethod(_ id: String, _ c: Call) throws(BusError) {
         let i = try item(id)
+        let vault = self.vault, claim = c.claim
         switch c.member {
         case "GetSecret":
             try c.r.requireSignature("o")
             let sessionPath = try c.r.objectPath()
-            let session = try state.session(sessionPath, sender: c.sender)
-            var s = try secret(i, session: session, claimedPID: claimedPID(c.m))
-            s.session = sessionPath
-            try reply(c.m) { w in w.secret(s) }
+            let session = LentSession(session: try state.session(sessionPath, sender: c.sender))
+            // Never prompts: authentication happens in a Prompt, so no call waits on a finger or a password.
+            guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
+            try offload(c, { () -> Result<(parameters: [UInt8], value: [UInt8]), BusError> in
+                Self.brokerResult { () throws(KeyholdError) in
+                    try vault.secret(service: i.service, account: i.account, claimedPID: claim)
+                }.flatMap { s in
+                    defer { s.wipe() }
+                    do throws(BusError) { return .success(try session.session.encode(s)) } catch { return .failure(error) }
+                }
+            }) { (read: Result<(parameters: [UInt8], value: [UInt8]), BusError>) throws(BusError) in
+                guard case .success(let s) = read else {
+                    if case .failure(.isLocked) = read { self.relock([id], for: c.sender) }
+                    return try read.map { _ in () }.get()
+                }
+                try self.reply(c.m) { w in
+                    w.secret(WireSecret(session: sessionPath, parameters: s.parameters, value: s.value,
+                                        contentType: LabelEncoding.decode(i.label).contentType))
+                }
+            }
         case "SetSecret":
             try c.r.requireSignature("(oayays)")
             let wire = try c.r.secret(maxValueBytes: Self.secretLimit)
             let session = try state.session(wire.session, sender: c.sender)
-            guard !state.isLocked(i) else { throw .isLocked }
-            let secret = try session.decode(parameters: wire.parameters, value: wire.value)
-            defer { secret.wipe() }
+            guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
             let policy: Policy
             do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
-            do throws(KeyholdError) {
-                try vault.store(secret, service: i.service, account: i.account,
-                                label: LabelEncoding.encode(label: LabelEncoding.decode(i.label).label, contentType: wire.contentType),
-                                policy: policy, reuseSeconds: i.reuseSeconds,
-                                allowedExecutables: i.allowedExecutables, update: true, claimedPID: claimedPID(c.m))
-            } catch {
-                throw Self.busError(error)
+            let secret = try session.decode(parameters: wire.parameters, value: wire.value)
+            let label = LabelEncoding.encode(label: LabelEncoding.decode(i.label).label, contentType: wire.contentType)
+            try offload(c, { () -> Result<[ItemInfo]?, BusError> in
+                defer { secret.wipe() }
+                return Self.brokerResult { () throws(KeyholdError) in
+                    try vault.store(secret, service: i.service, account: i.account, label: label, policy: policy,
+                                    reuseSeconds: i.reuseSeconds, allowedExecutables: i.allowedExecutables, update: true,
+                                    claimedPID: claim)
+                    return try? vault.items(claimedPID: claim)  // for the change signals' values
+                }
+            }) { (stored: Result<[ItemInfo]?, BusError>) throws(BusError) in
+                let listing = try stored.get()
+                self.state.items[id] = nil
+                if let listing { self.applyListing(listing) }
+                try self.reply(c.m) { _ in }
+                self.announce(.changed, item: id, changedProperties: ["Modified"], fresh: listing != nil)
             }
-            state.items[id] = nil
-            try reply(c.m) { _ in }
-            announce(.changed, item: id, changedProperties: ["Modified"])
         case "Delete":
             try c.r.requireSignature("")
-            do throws(KeyholdError) {
-                try vault.delete(service: i.service, account: i.account, claimedPID: claimedPID(c.m))
-            } catch {
-                throw Self.busError(error)
+            try offload(c, { () -> Result<[ItemInfo]?, BusError> in
+                Self.brokerResult { () throws(KeyholdError) in
+                    try vault.delete(service: i.service, account: i.account, claimedPID: claim)
+                    return try? vault.items(claimedPID: claim)
+                }
+            }) { (deleted: Result<[ItemInfo]?, BusError>) throws(BusError) in
+                let listing = try deleted.get()
+                self.state.items[id] = nil
+                self.state.unlockedUntil = self.state.unlockedUntil.filter { $0.key.id != id }
+                if let listing { self.applyListing(listing) }
+                try self.reply(c.m) { w in w.objectPath("/") }
+                self.announce(.deleted, item: id, fresh: listing != nil)
             }
-            state.items[id] = nil
-            state.unlockedUntil[id] = nil
-            try reply(c.m) { w in w.objectPath("/") }
-            announce(.deleted, item: id)
         default:
             throw .unknownMethod("no method \(c.member) on an Item")
+        }
+    }
+}
+
+/// CreateItem's broker work, on its job's thread: the item stored under exactly this name
+/// (found by a search for its whole map) is replaced under its own policy, else a new one is
+/// stored under the agent's default; then the search again, for the stored item's metadata.
+struct StoreRequest: Sendable {
+    let ref: ItemReference
+    let label: String
+    let defaultPolicy: Policy
+    let defaultReuse: UInt32
+
+    struct Outcome {
+        let stored: ItemInfo
+        let replaced: Bool
+        /// The search's answer after the store (the cache is brought up to date with it).
+        let found: [ItemInfo]
+    }
+
+    func run(_ secret: SecureBytes, vault: Vault, claim: Int32) -> Result<Outcome, BusError> {
+        let query = AttributeMapping.attributes(service: ref.service, account: ref.account)
+        func named() throws(KeyholdError) -> (ItemInfo?, [ItemInfo]) {
+            let found = try vault.search(attributes: query, claimedPID: claim)
+            return (found.first { $0.service == ref.service && $0.account == ref.account }, found)
+        }
+        do throws(KeyholdError) {
+            var existing = try named().0
+            for attempt in 0..<2 {
+                var policy = defaultPolicy
+                if let existing {
+                    do throws(Policy.ParseError) { policy = try Policy(parsing: existing.policy) } catch { return .failure(.failed("unreadable policy")) }
+                }
+                do throws(KeyholdError) {
+                    try vault.store(secret, service: ref.service, account: ref.account, label: label, policy: policy,
+                                    reuseSeconds: existing?.reuseSeconds ?? defaultReuse,
+                                    allowedExecutables: existing?.allowedExecutables ?? [],
+                                    update: existing != nil, claimedPID: claim)
+                    break
+                } catch .duplicateItem where existing == nil && attempt == 0 {
+                    // The index did not show it (its rows removed on disk): the whole list does.
+                    existing = try vault.items(claimedPID: claim).first { $0.service == ref.service && $0.account == ref.account }
+                }
+            }
+            let (stored, found) = try named()
+            guard let stored else { return .failure(.failed("the item was not stored")) }
+            return .success(Outcome(stored: stored, replaced: existing != nil, found: found))
+        } catch {
+            return .failure(Agent.busError(error))
         }
     }
 }

@@ -37,7 +37,7 @@ struct PromptJob: Sendable {
 
     let path: String
     let targets: [Target]
-    let claimedPID: Int32?
+    let claimedPID: Int32
     let vault: Vault
     let cancel: PromptCancel
 
@@ -61,8 +61,7 @@ struct PromptJob: Sendable {
                     s.wipe()
                     unlocked.append(PromptOutcome.Unlock(id: t.id, until: asked + t.windowSeconds * 1_000_000))
                 } catch .busy where MonotonicClock.milliseconds() < deadline {
-                    // Another prompt of this user is authenticating: queue behind it (its grant
-                    // may then satisfy this item through the reuse window).
+                    // Another prompt of this user is authenticating: queue behind it.
                     usleep(100_000)
                     continue
                 } catch {}
@@ -81,13 +80,15 @@ extension Agent {
             switch SecretObject.resolve(path) {
             case .service?, .collection?: unlocked.append(path)
             case .item(let id)?:
-                guard let i = try? item(id) else { continue }
-                if state.isLocked(i) { pending.append(id) } else { unlocked.append(path) }
+                guard let i = try cachedItem(id) else { continue }
+                if state.isLocked(i, for: c.sender) { pending.append(id) } else { unlocked.append(path) }
             default: continue
             }
         }
-        let prompt = pending.isEmpty ? "/" : try state.addPrompt(owner: c.sender, itemIDs: pending)
+        let (prompt, evicted) = pending.isEmpty ? ("/", nil) : try state.addPrompt(owner: c.sender, itemIDs: pending)
         try reply(c.m) { w in w.objectPaths(unlocked); w.objectPath(prompt) }
+        // A prompt displaced by the fair share (AgentState) ends as dismissed, as if its client had.
+        if let evicted { completed(evicted.path, dismissed: true, [], for: evicted.owner) }
     }
 
     func promptMethod(_ path: String, _ c: Call) throws(BusError) {
@@ -104,7 +105,7 @@ extension Agent {
             }
             var targets: [PromptJob.Target] = []
             for id in entry.itemIDs {
-                guard let i = try? item(id) else { continue }
+                guard let i = try cachedItem(id) else { continue }
                 targets.append(PromptJob.Target(id: id, service: i.service, account: i.account,
                                                 windowSeconds: Int64(min(i.reuseSeconds, Limits.maxReuseSeconds))))
             }
@@ -112,12 +113,12 @@ extension Agent {
             // A reply that cannot be sent means the client is gone: nothing is started for it.
             guard (try? replyChecked(c.m)) == true else { return }
             let cancel = PromptCancel()
-            let job = PromptJob(path: path, targets: targets, claimedPID: claimedPID(c.m), vault: vault, cancel: cancel)
+            let job = PromptJob(path: path, targets: targets, claimedPID: c.claim, vault: vault, cancel: cancel)
             state.running[path] = AgentState.RunningPrompt(owner: c.sender, cancel: cancel)
             let inbox = self.inbox
-            guard DetachedThread.start({ inbox.post(job.run()) }) else {
+            guard DetachedThread.start({ inbox.post(.prompt(job.run())) }) else {
                 state.running[path] = nil
-                completed(path, dismissed: true, [])
+                completed(path, dismissed: true, [], for: c.sender)
                 return
             }
         case "Dismiss":
@@ -126,7 +127,7 @@ extension Agent {
             // A running prompt's thread stops asking; whatever it still gets from the broker is dropped.
             state.running.removeValue(forKey: path)?.cancel.cancel()
             try reply(c.m) { _ in }
-            completed(path, dismissed: true, [])
+            completed(path, dismissed: true, [], for: c.sender)
         default:
             throw .unknownMethod("no method \(c.member) on a Prompt")
         }
@@ -135,14 +136,18 @@ extension Agent {
     /// On the loop thread: a prompt thread's outcome becomes the unlock state and the signals.
     func finishPrompt(_ outcome: PromptOutcome) {
         // Dismissed, or its client left the bus: nothing of it is kept.
-        guard state.running.removeValue(forKey: outcome.path) != nil else { return }
-        for u in outcome.unlocked { state.unlockedUntil[u.id] = max(state.unlockedUntil[u.id] ?? 0, u.until) }
-        completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) })
-        for u in outcome.unlocked { announceLocked(u.id, false) }
+        guard let run = state.running.removeValue(forKey: outcome.path) else { return }
+        for u in outcome.unlocked {
+            let key = AgentState.Unlock(client: run.owner, id: u.id)
+            state.unlockedUntil[key] = max(state.unlockedUntil[key] ?? 0, u.until)
+        }
+        completed(outcome.path, dismissed: outcome.unlocked.isEmpty, outcome.unlocked.map { SecretObject.itemPath($0.id) }, for: run.owner)
+        // Unlocked for that client only (AgentState.Unlock).
+        for u in outcome.unlocked { announceLocked(u.id, false, to: [run.owner]) }
     }
 
-    func completed(_ path: String, dismissed: Bool, _ unlocked: [String]) {
-        signal(path, Interface.prompt, "Completed") { w in
+    func completed(_ path: String, dismissed: Bool, _ unlocked: [String], for client: String) {
+        signal(path, Interface.prompt, "Completed", to: [client]) { w in
             w.bool(dismissed)
             w.variant("ao") { w.objectPaths(unlocked) }
         }

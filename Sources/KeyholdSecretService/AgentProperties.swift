@@ -3,6 +3,20 @@ import KeyholdClient
 import KeyholdCore
 import KeyholdProtocol
 
+extension MessageWriter {
+    /// `a{sv}`: property names and values (GetAll, PropertiesChanged).
+    func properties(_ values: [(String, Agent.Value)]) {
+        open(UInt8(ascii: "a"), "{sv}")
+        for (name, value) in values {
+            open(UInt8(ascii: "e"), "sv")
+            string(name)
+            value.write(self)
+            close()
+        }
+        close()
+    }
+}
+
 /// org.freedesktop.DBus.Properties for every object.
 extension Agent {
     enum Value {
@@ -19,16 +33,31 @@ extension Agent {
         }
     }
 
-    /// (interface, properties) of an object.
-    func propertyValues(_ object: SecretObject) throws(BusError) -> (String, [(String, Value)]) {
+    /// (interface, properties) of an object, given to `answer`: the collection's once the
+    /// items are listed again (off the loop), the others' at once.
+    func withValues(_ object: SecretObject, _ c: Call,
+                    _ answer: @escaping (String, [(String, Value)]) throws(BusError) -> Void) throws(BusError) {
+        guard object == .collection else {
+            let (own, values) = try propertyValues(object, for: c.sender)
+            return try answer(own, values)
+        }
+        let vault = self.vault, claim = c.claim
+        try offload(c, { () -> Result<[ItemInfo], BusError> in
+            Self.brokerResult { () throws(KeyholdError) in try vault.items(claimedPID: claim) }
+        }) { (listed: Result<[ItemInfo], BusError>) throws(BusError) in
+            self.applyListing(try listed.get())
+            try answer(Interface.collection, self.collectionValues())
+        }
+    }
+
+    func propertyValues(_ object: SecretObject, for client: String) throws(BusError) -> (String, [(String, Value)]) {
         switch object {
         case .service:
             return (Interface.service, [("Collections", .paths([SecretObject.collectionPath]))])
         case .collection:
-            try refreshItems()
             return (Interface.collection, collectionValues())
         case .item(let id):
-            return (Interface.item, itemValues(try item(id)))
+            return (Interface.item, itemValues(try item(id), for: client))
         case .session:
             return (Interface.session, [])
         case .prompt:
@@ -46,9 +75,10 @@ extension Agent {
         ]
     }
 
-    func itemValues(_ i: ItemInfo) -> [(String, Value)] {
+    /// `Locked` as `client` sees it (nil: as a client that ran no prompt).
+    func itemValues(_ i: ItemInfo, for client: String?) -> [(String, Value)] {
         [
-            ("Locked", .bool(state.isLocked(i))), ("Attributes", .map(attributes(of: i))),
+            ("Locked", .bool(client.map { state.isLocked(i, for: $0) } ?? (i.policy != Policy.none.description))), ("Attributes", .map(attributes(of: i))),
             ("Label", .string(LabelEncoding.decode(i.label).label)), ("Type", .string("")),
             ("Created", .uint64(UInt64(max(0, i.createdAt / 1_000_000)))),
             ("Modified", .uint64(UInt64(max(0, i.updatedAt / 1_000_000)))),
@@ -60,25 +90,18 @@ extension Agent {
         case "Get":
             try c.r.requireSignature("ss")
             let iface = try c.r.string(), name = try c.r.string()
-            let (own, values) = try propertyValues(object)
-            guard iface.isEmpty || iface == own, let v = values.first(where: { $0.0 == name })?.1 else {
-                throw .invalidArgs("no property \(iface).\(name)")
+            try withValues(object, c) { own, values throws(BusError) in
+                guard iface.isEmpty || iface == own, let v = values.first(where: { $0.0 == name })?.1 else {
+                    throw .invalidArgs("no property \(iface).\(name)")
+                }
+                try self.reply(c.m) { w in v.write(w) }
             }
-            try reply(c.m) { w in v.write(w) }
         case "GetAll":
             try c.r.requireSignature("s")
             let iface = try c.r.string()
-            let (own, values) = try propertyValues(object)
-            let shown = iface.isEmpty || iface == own ? values : []
-            try reply(c.m) { w in
-                w.open(UInt8(ascii: "a"), "{sv}")
-                for (k, v) in shown {
-                    w.open(UInt8(ascii: "e"), "sv")
-                    w.string(k)
-                    v.write(w)
-                    w.close()
-                }
-                w.close()
+            try withValues(object, c) { own, values throws(BusError) in
+                let shown = iface.isEmpty || iface == own ? values : []
+                try self.reply(c.m) { w in w.properties(shown) }
             }
         case "Set":
             try c.r.requireSignature("ssv")
@@ -102,24 +125,29 @@ extension Agent {
     func setLabel(_ id: String, _ label: String, _ c: Call) throws(BusError) {
         guard label.utf8.count <= Limits.maxTextBytes - 256 else { throw .limitsExceeded("label too long") }
         let i = try item(id)
-        guard !state.isLocked(i) else { throw .isLocked }
+        guard !state.isLocked(i, for: c.sender) else { throw .isLocked }
         let policy: Policy
         do throws(Policy.ParseError) { policy = try Policy(parsing: i.policy) } catch { throw .failed("unreadable policy") }
-        let pid = claimedPID(c.m)
-        do throws(KeyholdError) {
-            let secret = try vault.secret(service: i.service, account: i.account, claimedPID: pid, reason: "relabel")
-            defer { secret.wipe() }
-            try vault.store(secret, service: i.service, account: i.account,
-                            label: LabelEncoding.encode(label: label, contentType: LabelEncoding.decode(i.label).contentType),
-                            policy: policy, reuseSeconds: i.reuseSeconds, allowedExecutables: i.allowedExecutables,
-                            update: true, claimedPID: pid)
-        } catch .interactionNotAllowed {
-            throw .isLocked
-        } catch {
-            throw Self.busError(error)
+        let vault = self.vault, claim = c.claim
+        let sealedLabel = LabelEncoding.encode(label: label, contentType: LabelEncoding.decode(i.label).contentType)
+        try offload(c, { () -> Result<[ItemInfo]?, BusError> in
+            do throws(KeyholdError) {
+                let secret = try vault.secret(service: i.service, account: i.account, claimedPID: claim, reason: "relabel")
+                defer { secret.wipe() }
+                try vault.store(secret, service: i.service, account: i.account, label: sealedLabel, policy: policy,
+                                reuseSeconds: i.reuseSeconds, allowedExecutables: i.allowedExecutables, update: true, claimedPID: claim)
+                return .success(try? vault.items(claimedPID: claim))
+            } catch .interactionNotAllowed {
+                return .failure(.isLocked)
+            } catch {
+                return .failure(Self.busError(error))
+            }
+        }) { (stored: Result<[ItemInfo]?, BusError>) throws(BusError) in
+            let listing = try stored.get()
+            self.state.items[id] = nil
+            if let listing { self.applyListing(listing) }
+            try self.reply(c.m) { _ in }
+            self.announce(.changed, item: id, changedProperties: ["Label", "Modified"], fresh: listing != nil)
         }
-        state.items[id] = nil
-        try reply(c.m) { _ in }
-        announce(.changed, item: id, changedProperties: ["Label", "Modified"])
     }
 }

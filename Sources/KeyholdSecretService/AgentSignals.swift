@@ -5,8 +5,9 @@ import CSystemd
 /// seahorse) see changes made by other clients.
 ///
 /// Changed properties carry their values (as the specification and KeePassXC do): they come
-/// from one listing of the user's items after the change, since the broker sets Modified. Only
-/// if that listing fails are they sent as invalidated names, for the client to re-read.
+/// from the items as read after the change (a listing made by the change's job, since the
+/// broker sets Modified). Only if that failed are they sent as invalidated names, for the
+/// client to re-read.
 /// The one collection is never created or deleted, so CollectionCreated/Deleted never fire.
 extension Agent {
     enum ItemEvent {
@@ -22,16 +23,15 @@ extension Agent {
     }
 
     /// Announces a change of item `id`; `changedProperties` are the item's properties that
-    /// changed (for `.changed`). `listed`: the item list was read after the change already.
-    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], listed: Bool = false) {
+    /// changed (for `.changed`). `fresh`: the cached items were read after the change.
+    func announce(_ event: ItemEvent, item id: String, changedProperties: [String] = [], fresh: Bool = true) {
         let path = SecretObject.itemPath(id)
         signal(SecretObject.collectionPath, Interface.collection, event.member) { $0.objectPath(path) }
-        let fresh = listed || (try? refreshItems()) != nil
         switch event {
         case .created, .deleted:
             changedValues(SecretObject.collectionPath, Interface.collection, ["Items", "Modified"], fresh ? collectionValues() : nil)
         case .changed:
-            changedValues(path, Interface.item, changedProperties, fresh ? state.items[id].map(itemValues) : nil)
+            changedValues(path, Interface.item, changedProperties, fresh ? state.items[id].map { itemValues($0, for: nil) } : nil)
             changedValues(SecretObject.collectionPath, Interface.collection, ["Modified"], fresh ? collectionValues() : nil)
         }
         signal(SecretObject.servicePath, Interface.service, "CollectionChanged") { $0.objectPath(SecretObject.collectionPath) }
@@ -45,23 +45,18 @@ extension Agent {
 
     /// An item's lock state changed (unlocked by a prompt, locked by Lock, or its reuse window
     /// ended): its Locked property, and ItemChanged on the collection.
-    func announceLocked(_ id: String, _ locked: Bool) {
+    /// `to`: the clients it changed for (nil: all).
+    func announceLocked(_ id: String, _ locked: Bool, to clients: [String]? = nil) {
         let path = SecretObject.itemPath(id)
-        propertiesChanged(path, Interface.item, changed: [("Locked", .bool(locked))])
-        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged") { $0.objectPath(path) }
+        propertiesChanged(path, Interface.item, changed: [("Locked", .bool(locked))], to: clients)
+        signal(SecretObject.collectionPath, Interface.collection, "ItemChanged", to: clients) { $0.objectPath(path) }
     }
 
-    func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = []) {
-        signal(path, Interface.properties, "PropertiesChanged") { w in
+    func propertiesChanged(_ path: String, _ interface: String, changed: [(String, Value)] = [], invalidated: [String] = [],
+                           to clients: [String]? = nil) {
+        signal(path, Interface.properties, "PropertiesChanged", to: clients) { w in
             w.string(interface)
-            w.open(UInt8(ascii: "a"), "{sv}")
-            for (name, value) in changed {
-                w.open(UInt8(ascii: "e"), "sv")
-                w.string(name)
-                value.write(w)
-                w.close()
-            }
-            w.close()
+            w.properties(changed)
             w.open(UInt8(ascii: "a"), "s")
             for name in invalidated { w.string(name) }
             w.close()

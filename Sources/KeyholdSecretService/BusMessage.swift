@@ -13,6 +13,8 @@ public enum BusError: Error, Equatable {
     case accessDenied(String)
     case limitsExceeded(String)
     case failed(String)
+    /// Internal, never sent: the call needs a new listing of the items first (Agent.cachedItem).
+    case listingNeeded
 
     public var name: String {
         switch self {
@@ -25,7 +27,7 @@ public enum BusError: Error, Equatable {
         case .isLocked: "org.freedesktop.Secret.Error.IsLocked"
         case .accessDenied: "org.freedesktop.DBus.Error.AccessDenied"
         case .limitsExceeded: "org.freedesktop.DBus.Error.LimitsExceeded"
-        case .failed: "org.freedesktop.DBus.Error.Failed"
+        case .failed, .listingNeeded: "org.freedesktop.DBus.Error.Failed"
         }
     }
 
@@ -36,6 +38,7 @@ public enum BusError: Error, Equatable {
         case .noSession: "no such session"
         case .noSuchObject: "no such object"
         case .isLocked: "the item is locked"
+        case .listingNeeded: "the items could not be listed"
         }
     }
 }
@@ -68,6 +71,12 @@ struct MessageReader {
 
     func string() throws(BusError) -> String { try basicString(UInt8(ascii: "s")) }
     func objectPath() throws(BusError) -> String { try basicString(UInt8(ascii: "o")) }
+
+    func uint32() throws(BusError) -> UInt32 {
+        var v: UInt32 = 0
+        guard sd_bus_message_read_basic(m, CChar(UInt8(ascii: "u")), &v) > 0 else { throw .invalidArgs("bad uint32") }
+        return v
+    }
 
     func bool() throws(BusError) -> Bool {
         var v: Int32 = 0

@@ -108,11 +108,11 @@ final class SecretServiceFixture: @unchecked Sendable {
     }
 
     /// Runs a python script (python3-secretstorage / python3-keyring from Debian).
-    func python(_ script: String, environment: [String: String] = [:]) -> CommandResult {
+    func python(_ script: String, arguments: [String] = [], environment: [String: String] = [:]) -> CommandResult {
         let path = directory + "/script-\(UInt32.random(in: 0...UInt32.max)).py"
         _ = FileManager.default.createFile(atPath: path, contents: Data(script.utf8))
         chmod(path, 0o644)
-        return run("/usr/bin/python3", [path], environment: environment)
+        return run("/usr/bin/python3", [path] + arguments, environment: environment)
     }
 
     /// The CLI as the test user against this broker.

@@ -43,6 +43,9 @@ final class ReleaseGate: Sendable {
     struct ReuseKey: Hashable, Sendable {
         let uid: UInt32
         let scope: ReuseScope
+        /// Through the Secret Service agent: the one item and claimed requester the window was
+        /// opened for (SessionSecretService.swift), so the agent cannot lend it further.
+        var claim: ClaimedGrant? = nil
     }
 
     static let maxFailuresBeforeLockout: UInt32 = 5
@@ -87,9 +90,10 @@ final class ReleaseGate: Sendable {
         return rest.isEmpty ? nil : rest
     }
 
-    func reuseGrant(for caller: Caller, item: StoredItem, constraints: [Policy.Constraint], now: Int64) -> Bool {
+    func reuseGrant(for caller: Caller, item: StoredItem, constraints: [Policy.Constraint], now: Int64,
+                    claim: ClaimedGrant? = nil) -> Bool {
         guard item.access.reuseSeconds > 0, let scope = caller.reuseScope else { return false }
-        guard let grant = reuse.withLock({ $0[ReuseKey(uid: caller.uid, scope: scope)] }) else { return false }
+        guard let grant = reuse.withLock({ $0[ReuseKey(uid: caller.uid, scope: scope, claim: claim)] }) else { return false }
         guard now - grant.at <= Int64(item.access.reuseSeconds) * 1_000_000, now >= grant.at else { return false }
         func satisfied(_ c: Policy.Constraint) -> Bool {
             switch c {
@@ -240,7 +244,9 @@ final class ReleaseGate: Sendable {
         case .success(nil): break
         }
         let now = clock.microseconds()
-        if !constraints.isEmpty && reuseGrant(for: caller, item: item, constraints: constraints, now: now) {
+        let claim = ClaimedGrant(request, item)
+        if request.claimedPID != nil && claim == nil { return .failure(Denial(.notAuthorized, "the claimed requester cannot be confirmed")) }
+        if !constraints.isEmpty && reuseGrant(for: caller, item: item, constraints: constraints, now: now, claim: claim) {
             method = method.adding(.reuse)
             if !policy.requiresAppPassword { return .success(method) }
         }
@@ -273,7 +279,7 @@ final class ReleaseGate: Sendable {
                 }
             }
             guard attempt.succeeded() else { return .failure(AuthenticationLedger.unrecorded) }
-            grantReuse(caller, method)
+            grantReuse(caller, method, claim: claim)
         }
         return .success(method)
     }
@@ -322,7 +328,7 @@ final class ReleaseGate: Sendable {
     }
 
     /// Opens (or widens) the caller's reuse window after PAM succeeded.
-    private func grantReuse(_ caller: Caller, _ method: AuthMethod) {
+    private func grantReuse(_ caller: Caller, _ method: AuthMethod, claim: ClaimedGrant?) {
         guard let scope = caller.reuseScope else { return }
         let now = clock.microseconds()
         reuse.withLock {
@@ -330,7 +336,7 @@ final class ReleaseGate: Sendable {
             // stays as small as the callers of the last few minutes.
             let oldest = now - Int64(Limits.maxReuseSeconds) * 1_000_000
             if $0.count > 64 { $0 = $0.filter { $0.value.at >= oldest } }
-            let key = ReuseKey(uid: caller.uid, scope: scope)
+            let key = ReuseKey(uid: caller.uid, scope: scope, claim: claim)
             var grant = $0[key] ?? ReuseGrant(at: 0, fingerprint: false, password: false)
             if grant.at != 0 && now - grant.at > Int64(Limits.maxReuseSeconds) * 1_000_000 {
                 grant = ReuseGrant(at: 0, fingerprint: false, password: false)
