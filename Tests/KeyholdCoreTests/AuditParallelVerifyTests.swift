@@ -3,7 +3,7 @@ import Foundation
 @testable import KeyholdVault
 import Testing
 
-/// The parallel fast path of `verifyAudit` (AuditChainScan.swift) must never call a damaged
+/// The fast path of `verifyAudit` (AuditChainScan.swift) must never call a damaged
 /// chain intact, least of all at the seams between its slices; whatever it rejects, the
 /// sequential pass names exactly as it did before.
 @Suite struct AuditParallelVerifyTests {
@@ -30,11 +30,11 @@ import Testing
     private func raw(_ dir: TempDir) throws -> RawDatabase { try RawDatabase(dir.state + "/vault.db") }
 
     /// The fast path's verdict with `slices` slices, and `verifyAudit`'s.
-    private func check(_ dir: TempDir, slices: Int) throws -> (fast: Bool, verdict: AuditVerification) {
+    private func check(_ dir: TempDir) throws -> (fast: Bool, verdict: AuditVerification) {
         let store = try openStore(dir)
         defer { store.close() }
         let head = try #require(try store.readHead())
-        let fast = store.auditChainIntact(start: (0, store.genesisMAC), head: (head.seq, head.mac), slices: slices)
+        let fast = store.auditChainIntact(start: (0, store.genesisMAC), head: (head.seq, head.mac))
         return (fast, try store.verifyAudit())
     }
 
@@ -48,7 +48,7 @@ import Testing
         defer { store.close() }
         #expect(!store.fileIdentities.isEmpty)
         let head = try #require(try store.readHead())
-        func fast() -> Bool { store.auditChainIntact(start: (0, store.genesisMAC), head: (head.seq, head.mac), slices: 2) }
+        func fast() -> Bool { store.auditChainIntact(start: (0, store.genesisMAC), head: (head.seq, head.mac)) }
         #expect(fast())
         let wal = dir.state + "/vault.db-wal"
         #expect(rename(wal, wal + ".real") == 0)
@@ -62,7 +62,7 @@ import Testing
     @Test func intactChainPassesInEverySlicing() throws {
         let dir = try seeded(60)
         for slices in [1, 2, 3, 4, 7, 60] {
-            let r = try check(dir, slices: slices)
+            let r = try check(dir)
             #expect(r.fast, "slices: \(slices)")
             #expect(r.verdict == .intact(count: 60))
         }
@@ -73,7 +73,7 @@ import Testing
     func editedMACAtOrNearASeamIsCaught(seq: Int) throws {
         let dir = try seeded(60)
         try raw(dir).setBlob("audit", "mac", [UInt8](repeating: 7, count: 32), where: "seq = \(seq)")
-        let r = try check(dir, slices: 4)
+        let r = try check(dir)
         #expect(!r.fast)
         #expect(r.verdict == .broken(seq: Int64(seq), problem: .altered))
     }
@@ -82,7 +82,7 @@ import Testing
     func editedEntryTagAtASeamIsCaught(seq: Int) throws {
         let dir = try seeded(60)
         try raw(dir).setBlob("audit", "entry_tag", [UInt8](repeating: 7, count: 32), where: "seq = \(seq)")
-        let r = try check(dir, slices: 4)
+        let r = try check(dir)
         #expect(!r.fast)
         if case .intact = r.verdict { Issue.record("an edited entry tag verified") }
     }
@@ -91,7 +91,7 @@ import Testing
     func deletedRowAtASeamIsCaught(seq: Int) throws {
         let dir = try seeded(60)
         try raw(dir).exec("DELETE FROM audit WHERE seq = \(seq)")
-        let r = try check(dir, slices: 4)
+        let r = try check(dir)
         #expect(!r.fast)
         #expect(r.verdict == .broken(seq: Int64(seq), problem: .removed))
     }
@@ -104,7 +104,7 @@ import Testing
             SELECT 61, time_us, caller_uid, caller_pid, executable, operation, item_id, details,
                 decision, method, outcome, entry_tag, mac FROM audit WHERE seq = 60
             """)
-        let r = try check(dir, slices: 4)
+        let r = try check(dir)
         #expect(!r.fast)
         // A copy of the genuine last entry: the sequential pass calls it out of place.
         #expect(r.verdict == .broken(seq: 61, problem: .reordered))
@@ -117,7 +117,7 @@ import Testing
             UPDATE audit SET seq = 15 WHERE seq = 16;
             UPDATE audit SET seq = 16 WHERE seq = -15;
             """)
-        let r = try check(dir, slices: 4)
+        let r = try check(dir)
         #expect(!r.fast)
         #expect(r.verdict == .broken(seq: 15, problem: .reordered))
     }

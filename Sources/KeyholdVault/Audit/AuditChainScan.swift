@@ -3,13 +3,8 @@ import CSodium
 import Glibc
 import KeyholdCore
 
-/// The fast path of `verifyAudit`: confirms an intact chain using every core.
-///
-/// Each entry's MAC covers the previous entry's *stored* MAC, so once the stored links are
-/// compared every entry can be checked independently of the others: the range from the start
-/// (genesis or checkpoint) to the head is cut into one slice per core, each slice read on its
-/// own read-only SQLite connection and checked on its own thread. Rows are hashed straight from
-/// SQLite's column memory into one reused buffer (no per-entry allocation).
+/// The fast path of `verifyAudit`: confirms an intact chain in one pass, reading rows straight
+/// from SQLite's column memory into one reused buffer (no per-entry allocation).
 ///
 /// It only ever answers "intact" or "not shown intact": any gap, bad MAC or tag, row beyond the
 /// head, or I/O error sends `verifyAudit` to its sequential pass, which names the problem. So a
@@ -17,66 +12,21 @@ import KeyholdCore
 /// checked against its predecessor's MAC, the first against the start, the last against the
 /// tagged head.
 extension VaultStore {
-    /// Below this many entries per slice, one thread does it all.
-    static let minimumEntriesPerSlice: Int64 = 16_384
-
-    func auditChainIntact(start: (seq: Int64, mac: [UInt8]), head: (seq: Int64, mac: [UInt8]),
-                          slices requested: Int? = nil) -> Bool {
-        let total = head.seq - start.seq
-        guard total >= 0, start.mac.count == KeyedHash.byteCount, head.mac.count == KeyedHash.byteCount else { return false }
-        let cores = max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN))))
-        let slices = requested ?? Int(min(Int64(min(cores, 8)), max(1, total / Self.minimumEntriesPerSlice)))
+    func auditChainIntact(start: (seq: Int64, mac: [UInt8]), head: (seq: Int64, mac: [UInt8])) -> Bool {
+        guard head.seq >= start.seq, start.mac.count == KeyedHash.byteCount, head.mac.count == KeyedHash.byteCount else { return false }
         let path = stateDirectory + "/" + StateDirectory.databaseFileName
-        let files = fileIdentities
-        // Slice i covers (bounds[i], bounds[i + 1]]; the last one has no upper bound, so a row
-        // beyond the head is seen.
-        var bounds: [Int64] = (0..<slices).map { start.seq + total * Int64($0) / Int64(slices) }
-        bounds.append(head.seq)
-        let results = UnsafeMutableBufferPointer<Bool>.allocate(capacity: slices)
-        results.initialize(repeating: false)
-        defer { results.deallocate() }
-        auditKey.keyBytes.bytes.withUnsafeBytes { key in
-            let work = { (i: Int) in
-                results[i] = AuditSliceScanner(path: path, expecting: files, key: key)?.verify(
-                    after: bounds[i], startMAC: i == 0 ? start.mac : nil, through: bounds[i + 1],
-                    endMAC: i == slices - 1 ? head.mac : nil, isLast: i == slices - 1) ?? false
-            }
-            let threads = (1..<slices).map { i in SliceThread { work(i) } }
-            work(0)
-            threads.forEach { $0.join() }
+        return auditKey.keyBytes.bytes.withUnsafeBytes { key in
+            AuditChainScanner(path: path, expecting: fileIdentities, key: key)?.verify(
+                after: start.seq, startMAC: start.mac, through: head.seq, endMAC: head.mac) ?? false
         }
-        return results.allSatisfy { $0 }
     }
 }
 
-/// One thread running one closure, on plain pthreads (the vault does not load Foundation).
-private final class SliceThread: @unchecked Sendable {
-    private var thread = pthread_t()
-    private var started = false
-    private let body: () -> Void
-
-    init(_ body: @escaping () -> Void) {
-        self.body = body
-        let box = Unmanaged.passRetained(self).toOpaque()
-        started = pthread_create(&thread, nil, { raw in
-            let me = Unmanaged<SliceThread>.fromOpaque(raw!).takeRetainedValue()
-            me.body()
-            return nil
-        }, box) == 0
-        if !started {
-            Unmanaged<SliceThread>.fromOpaque(box).release()
-            body()  // no thread: do the work here
-        }
-    }
-
-    func join() { if started { pthread_join(thread, nil) } }
-}
-
-/// Reads one slice of the chain on its own read-only connection and checks every entry. The
-/// connection is opened as every reader is (`StateDirectory.openReader`): its files must be the
-/// writer's, so a slice never reads a file put at the vault's paths (a store that could not name
-/// its files at open, as in some tools, opens the path as it is).
-private struct AuditSliceScanner {
+/// Reads the chain on its own read-only connection and checks every entry. The connection is
+/// opened as every reader is (`StateDirectory.openReader`): its files must be the writer's, so
+/// the scan never reads a file put at the vault's paths (a store that could not name its files
+/// at open, as in some tools, opens the path as it is).
+private struct AuditChainScanner {
     private let database: Database
     private let db: OpaquePointer
     private let key: UnsafeRawBufferPointer
@@ -96,26 +46,18 @@ private struct AuditSliceScanner {
     }
 
     /// True when rows after..through are all present, in order, each MAC and entry tag right,
-    /// the first chained to `startMAC` (or to the stored MAC of row `after`), the last equal to
-    /// `endMAC` when given, and (for the last slice) nothing beyond `through`.
-    func verify(after: Int64, startMAC: [UInt8]?, through: Int64, endMAC: [UInt8]?, isLast: Bool) -> Bool {
+    /// the first chained to `startMAC`, the last equal to `endMAC`, and nothing beyond `through`.
+    func verify(after: Int64, startMAC: [UInt8], through: Int64, endMAC: [UInt8]) -> Bool {
         defer { database.close() }
-        // Read the whole slice in one snapshot.
+        // Read the whole chain in one snapshot.
         guard sqlite3_exec(db, "BEGIN", nil, nil, nil) == SQLITE_OK else { return false }
         defer { sqlite3_exec(db, "COMMIT", nil, nil, nil) }
-        var previous = [UInt8](repeating: 0, count: KeyedHash.byteCount)
-        if let startMAC {
-            previous = startMAC
-        } else {
-            guard let mac = storedMAC(seq: after) else { return false }
-            previous = mac
-        }
-        let sql = "SELECT \(VaultStore.auditColumns) FROM audit WHERE seq > ?1 AND seq <= ?2 ORDER BY seq"
+        var previous = startMAC
+        let sql = "SELECT \(VaultStore.auditColumns) FROM audit WHERE seq > ?1 ORDER BY seq"
         var stmt: OpaquePointer?
         guard sqlite3_prepare_v2(db, sql, -1, &stmt, nil) == SQLITE_OK, let stmt else { return false }
         defer { sqlite3_finalize(stmt) }
         sqlite3_bind_int64(stmt, 1, after)
-        sqlite3_bind_int64(stmt, 2, isLast ? Int64.max : through)
 
         // Keyed BLAKE2b states that have absorbed the key and each domain label, copied per
         // entry; libsodium wants them 64-byte aligned.
@@ -154,19 +96,7 @@ private struct AuditSliceScanner {
             swap(&previous, &macDigest)
             expected += 1
         }
-        guard expected == through + 1 else { return false }
-        if let endMAC { return KeyedHash.equal(previous, endMAC) }
-        return true
-    }
-
-    private func storedMAC(seq: Int64) -> [UInt8]? {
-        var stmt: OpaquePointer?
-        guard sqlite3_prepare_v2(db, "SELECT mac FROM audit WHERE seq = ?1", -1, &stmt, nil) == SQLITE_OK, let stmt else { return nil }
-        defer { sqlite3_finalize(stmt) }
-        sqlite3_bind_int64(stmt, 1, seq)
-        guard sqlite3_step(stmt) == SQLITE_ROW, let p = sqlite3_column_blob(stmt, 0),
-              sqlite3_column_bytes(stmt, 0) == Int32(KeyedHash.byteCount) else { return nil }
-        return Array(UnsafeRawBufferPointer(start: p, count: KeyedHash.byteCount))
+        return expected == through + 1 && KeyedHash.equal(previous, endMAC)
     }
 
     /// Keyed BLAKE2b of `base` (a state with key and label absorbed) continued with `message`,

@@ -34,16 +34,6 @@ extension VaultStore {
             generation = s.int64(12)
             expires = s.isNull(13) ? nil : s.int64(13)
         }
-
-        /// Whether the row `s` stands on is this row, column for column as `init(_:)` reads it,
-        /// compared where SQLite holds it (the writer's confirmation of a release: no copy).
-        func isStored(in s: Statement) -> Bool {
-            s.blobIs(0, id) && s.int64(1) == owner && s.blobIs(2, lookup) && s.int64(3) == kind && s.textIs(4, policy)
-                && s.blobIs(5, allowedExecutables) && s.int64(6) == reuseSeconds && s.optionalBlobIs(7, biometryState)
-                && s.optionalBlobIs(8, passwordHashing) && s.blobIs(9, attributes) && s.int64(10) == createdAt
-                && s.int64(11) == updatedAt && s.int64(12) == generation
-                && (s.isNull(13) ? expires == nil : expires == s.int64(13))
-        }
     }
 
     /// Checks a row and opens its attributes. Every inconsistency is `.integrity`.

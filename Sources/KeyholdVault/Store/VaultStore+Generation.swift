@@ -19,11 +19,6 @@ final class GenerationRecord {
     var generations: [ItemID: UInt64]
     var digest: [UInt8]
     var dataVersion: Int64
-    /// The writer's `Database.writeSnapshot` under which this record was last found to be the
-    /// stored one: while it is unchanged, nothing can have made them differ (the record follows
-    /// this connection's own writes, `commitGeneration`), so a group's later members skip the
-    /// re-read.
-    var confirmedIn: UInt64?
 
     init(generations: [ItemID: UInt64], digest: [UInt8], dataVersion: Int64) {
         self.generations = generations
@@ -90,17 +85,13 @@ extension VaultStore {
     /// head (rows of `item_generation` or its head altered, removed or put back).
     func verifiedGenerations() throws(StoreError) -> GenerationRecord {
         do throws(DatabaseError) {
-            if case .verified(let r) = generationState, let now = db.writeSnapshot, r.confirmedIn == now { return r }
             let version = try db.dataVersion()
             switch generationState {
             case .verified(let r) where r.dataVersion == version:
                 // Inside a group commit a change can be undone after this copy followed it (a
                 // member's savepoint or the whole group rolled back): the stored digest then
                 // differs, and the record is read again.
-                if try storedGenerationDigest() == r.digest {
-                    r.confirmedIn = db.writeSnapshot
-                    return r
-                }
+                if try storedGenerationDigest() == r.digest { return r }
             case .verified(let r) where isReader:
                 // A reader sees each of the writer's commits (every request's audit entry) as
                 // another connection's, so re-reading and re-hashing the whole record on each
@@ -126,7 +117,6 @@ extension VaultStore {
                 throw DatabaseError.generationMismatch
             }
             generationState = .verified(record)
-            record.confirmedIn = db.writeSnapshot
             if !isReader { publishedGenerations.publish(record) }
             return record
         } catch {
@@ -146,7 +136,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try storedHead() else { return false }
+        guard let stored, let head = try readHead() else { return false }
         return KeyedHash.equal(stored.digest, digest)
             && KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
     }
@@ -171,7 +161,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try storedHead(),
+        guard let stored, let head = try readHead(),
               KeyedHash.equal(stored.digest, digest),
               KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
         else { return nil }
