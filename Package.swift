@@ -85,7 +85,7 @@ let package = Package(
         .target(name: "KeyholdTestSupport", dependencies: ["KeyholdCore"], path: "Tests/Support"),
 
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol", "KeyholdTestSupport"]),
+        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol", "KeyholdClient", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit, the release gate), against a real SQLite
         // vault; the gate through real libpam with keyhold-pam-helper.

@@ -213,10 +213,6 @@ extension VaultStore {
             }
             let head = try readHead()
             let headValid = head.map { KeyedHash.equal($0.tag, headTag(seq: $0.seq, mac: $0.mac)) } ?? false
-            // Fast path on every core (AuditChainScan.swift); anything else is diagnosed below.
-            if let head, headValid, auditChainIntact(start: start, head: (head.seq, head.mac)) {
-                return .intact(count: head.seq - start.seq)
-            }
 
             var expected = start.seq + 1
             var previous = start.mac

@@ -75,12 +75,6 @@ public final class Database {
         }
     }
 
-    /// The raw connection, for the audit chain's fast scan (AuditChainScan.swift), which reads
-    /// rows straight from SQLite's column memory; nil once closed.
-    func withHandle<R>(_ body: (OpaquePointer) -> R) -> R? {
-        handle.map(body)
-    }
-
     /// Runs one or more statements without results (schema, pragmas that return nothing).
     public func execute(_ sql: String) throws(DatabaseError) {
         let h = try db

@@ -1,4 +1,3 @@
-import Synchronization
 import KeyholdCore
 
 /// Item generations: an older copy of an item's row does not open.
@@ -25,28 +24,6 @@ final class GenerationRecord {
         self.digest = digest
         self.dataVersion = dataVersion
     }
-}
-
-/// The writer's verified record as of its last change, for its readers (`VaultReader`). A reader
-/// whose record no longer matches the stored digest (the writer changed an item) takes this copy
-/// when the stored digest, tagged for the current audit head, is its digest; otherwise it reads
-/// and hashes the whole record itself. The dictionary is shared copy-on-write, so publishing
-/// costs the writer one copy of it at its next change (no hashing), where each reader reading
-/// the whole record again cost a keyed hash per item after every item write (17 ms at 10,000
-/// items in the benchmark's CLI get after a put).
-final class PublishedGenerations: Sendable {
-    struct Snapshot: Sendable {
-        let generations: [ItemID: UInt64]
-        let digest: [UInt8]
-    }
-    private let slot = Mutex<Snapshot?>(nil)
-
-    func publish(_ record: GenerationRecord) {
-        let snapshot = Snapshot(generations: record.generations, digest: record.digest)
-        slot.withLock { $0 = snapshot }
-    }
-
-    var current: Snapshot? { slot.withLock { $0 } }
 }
 
 /// What the store knows of the generation record since it last looked.
@@ -104,20 +81,11 @@ extension VaultStore {
             case .broken(let v) where v == version: throw DatabaseError.generationMismatch
             default: break
             }
-            // A reader after an item write: the writer's record, when the stored digest tagged
-            // for the current audit head is its digest (the writer verified that set and kept
-            // its digest as it changed it), instead of hashing every item again.
-            if isReader, let published = publishedGenerations.current, try headVouches(for: published.digest) {
-                let record = GenerationRecord(generations: published.generations, digest: published.digest, dataVersion: version)
-                generationState = .verified(record)
-                return record
-            }
             guard let record = try loadGenerations(dataVersion: version) else {
                 generationState = .broken(dataVersion: version)
                 throw DatabaseError.generationMismatch
             }
             generationState = .verified(record)
-            if !isReader { publishedGenerations.publish(record) }
             return record
         } catch {
             throw error == .generationMismatch ? StoreError.integrity : StoreError.from(error)
@@ -226,7 +194,6 @@ extension VaultStore {
     func commitGeneration(_ id: ItemID, _ new: UInt64?, digest: [UInt8], record: GenerationRecord) {
         record.generations[id] = new
         record.digest = digest
-        publishedGenerations.publish(record)
     }
 
     /// First open after migration 2: tag the record the migration filled (every existing item

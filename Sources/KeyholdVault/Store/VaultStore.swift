@@ -18,8 +18,6 @@ public final class VaultStore {
     let searchKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
-    /// The writer's record as of its last change, shared with its readers (the writer's own).
-    let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
     public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
@@ -38,12 +36,12 @@ public final class VaultStore {
     public static var schemaVersion: Int64 { Schema.knownVersion }
     static let formatName = "keyhold-vault"
 
-    /// The writer's store: its keys from `key`, a new record of generations to publish.
+    /// The writer's store: its keys from `key`.
     private convenience init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
         self.init(db: db, isReader: false, ReaderSeed(
             wrappingKey: key.wrappingKey, attributeKey: key.attributeKey, blindIndexKey: key.blindIndexKey, auditKey: key.auditKey,
             generationKey: key.generationKey, searchKey: key.searchKey, fileIdentities: [], stateDirectory: stateDirectory,
-            passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations()))
+            passwordHashing: passwordHashing))
     }
 
     /// A store's keys and settings; what a reader's store takes from the writer's: Sendable
@@ -53,13 +51,12 @@ public final class VaultStore {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
         let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
-        let publishedGenerations: PublishedGenerations
     }
 
     public var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
                    generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
-                   stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations)
+                   stateDirectory: stateDirectory, passwordHashing: passwordHashing)
     }
 
     /// A read-only store over `db`, another connection to the writer's file, with its keys.
@@ -70,7 +67,6 @@ public final class VaultStore {
     private init(db: Database, isReader: Bool, _ seed: ReaderSeed) {
         self.db = db
         self.isReader = isReader
-        self.publishedGenerations = seed.publishedGenerations
         self.wrappingKey = seed.wrappingKey
         self.attributeKey = seed.attributeKey
         self.blindIndexKey = seed.blindIndexKey
