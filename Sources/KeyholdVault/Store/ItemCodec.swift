@@ -46,8 +46,8 @@ extension VaultStore {
         guard let id = ItemID(bytes: row.id),
               let owner = UInt32(exactly: row.owner),
               let kindRaw = UInt8(exactly: row.kind), let kind = ItemKind(rawValue: kindRaw),
-              let policy = cachedPolicy(row.policy),
-              let executables = cachedExecutables(row.allowedExecutables),
+              let policy = try? Policy(parsing: row.policy), policy.description == row.policy,
+              let executables = Self.decodeExecutables(row.allowedExecutables),
               let reuse = UInt32(exactly: row.reuseSeconds), reuse <= Limits.maxReuseSeconds,
               row.biometryState.map({ $0.count == KeyedHash.byteCount }) ?? true
         else { throw .integrity }
@@ -83,23 +83,6 @@ extension VaultStore {
                           access: access, biometryState: row.biometryState, createdAt: row.createdAt,
                           updatedAt: row.updatedAt, passwordHashing: passwordHashing, generation: generation,
                           expires: row.expires)
-    }
-
-    func cachedPolicy(_ text: String) -> Policy? {
-        if let p = policyCache[text] { return p }
-        guard let p = try? Policy(parsing: text), p.description == text else { return nil }
-        if policyCache.count < 256 { policyCache[text] = p }
-        return p
-    }
-
-    static let noExecutables = encodeExecutables([])
-
-    func cachedExecutables(_ raw: [UInt8]) -> [String]? {
-        if raw == Self.noExecutables { return [] }
-        if let e = executablesCache[raw] { return e }
-        guard let e = Self.decodeExecutables(raw) else { return nil }
-        if executablesCache.count < 256 { executablesCache[raw] = e }
-        return e
     }
 
     static func encodeExecutables(_ paths: [String]) -> [UInt8] {

@@ -18,11 +18,7 @@ public final class VaultReader {
     /// put in the vault's place. The first read is part of the open because SQLite opens the WAL
     /// by path only then; the reader keeps what it opened, whatever the paths name later.
     public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
-        try open(writer.readerSeed)
-    }
-
-    /// `open(for:)` from the writer's seed: the same checks.
-    public static func open(_ seed: VaultStore.ReaderSeed) throws(StoreError) -> sending VaultReader {
+        let seed = writer.readerSeed
         // The writer could not name its files at open: nothing to compare a reader's with.
         guard !seed.fileIdentities.isEmpty else { throw .io(code: ENODATA) }
         let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName

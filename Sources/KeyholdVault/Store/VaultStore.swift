@@ -27,10 +27,6 @@ public final class VaultStore {
     /// A reader's store (VaultReader): it never writes, and sees the writer's commits as another
     /// connection's (VaultStore+Generation).
     let isReader: Bool
-    /// Parsed policy texts and executable lists, so listing many items parses each distinct
-    /// value once. Bounded; only values that parsed are kept.
-    var policyCache: [String: Policy] = [:]
-    var executablesCache: [[UInt8]: [String]] = [:]
 
     /// The schema version this code writes (the last `-- migrate:N` of schema.sql).
     public static var schemaVersion: Int64 { Schema.knownVersion }
