@@ -63,8 +63,6 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>

@@ -1,8 +1,6 @@
 import KeyholdCore
 import KeyholdProtocol
 
-@_exported import enum KeyholdProtocol.AttributeMapping
-
 /// Calls the Secret Service agent makes on behalf of a D-Bus client. Each carries the pid the
 /// bus named as the sender, which the broker records as a claimed requester (never trusted as
 /// an identity).

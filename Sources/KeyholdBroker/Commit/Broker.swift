@@ -1,6 +1,5 @@
 import Glibc
 import Synchronization
-import KeyholdAuth
 import KeyholdCore
 import KeyholdVault
 import KeyholdProtocol

@@ -1,6 +1,4 @@
-import Glibc
 import Synchronization
-import KeyholdCore
 
 /// Connection slots, fair per uid, so that no local user can take every slot and deny service
 /// to the others: non-root uids share one pool with a cap each, the first few connections of

@@ -1,5 +1,3 @@
-import Glibc
-import KeyholdAuth
 import KeyholdCore
 import KeyholdVault
 import KeyholdProtocol

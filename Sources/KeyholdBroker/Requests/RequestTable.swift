@@ -1,4 +1,3 @@
-import KeyholdCore
 import KeyholdVault
 import KeyholdProtocol
 

@@ -1,4 +1,3 @@
-import KeyholdAuth
 import KeyholdCore
 import KeyholdVault
 import KeyholdProtocol
