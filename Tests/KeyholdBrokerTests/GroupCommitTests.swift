@@ -119,7 +119,7 @@ import KeyholdTestSupport
     /// Through the broker, as a release and a plain entry commit: a member whose append fails
     /// (a trigger refuses entries of pid 667) leaves nothing of it: every other member of the
     /// same groups lands, and the chain verifies.
-    @Test func aMemberWhoseOnlyWriteIsItsAppendFailsAloneWithoutASavepointAroundIt() throws {
+    @Test func aMemberWhoseOnlyWriteIsItsAppendFailsAlone() throws {
         let h = try ReaderLookupTests.Harness()
         let db = try Database(path: h.dbPath)
         try db.execute("CREATE TRIGGER append_fault BEFORE INSERT ON audit WHEN NEW.caller_pid = 667 BEGIN SELECT RAISE(ABORT, 'fault'); END;")
