@@ -44,9 +44,11 @@ let package = Package(
         .target(name: "KeyholdProtocol", dependencies: ["KeyholdCore", "CKeyholdOS"]),
         // PAM transactions as the broker runs them (through the helper process) and fprintd
         // enrolment state. Decides no policy; does not link libpam.
-        .target(name: "KeyholdAuth", dependencies: ["KeyholdCore", "CSodium", "CKeyholdOS"]),
+        .target(name: "KeyholdAuth", dependencies: ["KeyholdPAMWire", "KeyholdCore", "CSodium", "CKeyholdOS"]),
+        // What the broker and its PAM helper share: the request, its checks and the framing.
+        .target(name: "KeyholdPAMWire", dependencies: ["KeyholdCore"]),
         // The helper's side: one PAM transaction through libpam. Linked into keyhold-pam-helper only.
-        .target(name: "KeyholdPAMHelper", dependencies: ["KeyholdAuth", "KeyholdCore", "CPAM", "CKeyholdOS"]),
+        .target(name: "KeyholdPAMHelper", dependencies: ["KeyholdPAMWire", "KeyholdCore", "CPAM", "CKeyholdOS"]),
         // TPM 2.0 through the TSS (ESAPI): sealing the vault key. Its parsing of TPM-made bytes
         // (the sealed-key file) is one of the untrusted-input parsers. Linked into the broker only.
         .target(name: "KeyholdTPM", dependencies: ["CTSS2"]),
@@ -83,7 +85,7 @@ let package = Package(
         .target(name: "KeyholdTestSupport", dependencies: ["KeyholdCore"], path: "Tests/Support"),
 
         .testTarget(name: "KeyholdCoreTests", dependencies: ["KeyholdCore", "KeyholdVault", "KeyholdTestSupport"]),
-        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol", "KeyholdTestSupport"]),
+        .testTarget(name: "KeyholdProtocolTests", dependencies: ["KeyholdProtocol", "KeyholdClient", "KeyholdTestSupport"]),
         .testTarget(name: "KeyholdCLITests", dependencies: ["KeyholdCLI"]),
         // The broker's own parts driven directly (group commit, the release gate), against a real SQLite
         // vault; the gate through real libpam with keyhold-pam-helper.

@@ -12,7 +12,6 @@
 #include <sys/resource.h>
 #include <spawn.h>
 #include <unistd.h>
-#include <linux/futex.h>
 #include <sys/syscall.h>
 #include "ckeyholdos.h"
 
@@ -24,7 +23,6 @@ int ckh_peercred(int fd, int32_t *pid, uint32_t *uid, uint32_t *gid) {
     return 0;
 }
 int ckh_set_dumpable(int on) { return prctl(PR_SET_DUMPABLE, (unsigned long)on, 0UL, 0UL, 0UL); }
-int ckh_get_dumpable(void) { return prctl(PR_GET_DUMPABLE, 0UL, 0UL, 0UL, 0UL); }
 int ckh_accept_cloexec(int fd) { return accept4(fd, NULL, NULL, SOCK_CLOEXEC); }
 int ckh_pipe_cloexec(int fds[2]) { return pipe2(fds, O_CLOEXEC); }
 int ckh_spawn_closefrom(posix_spawn_file_actions_t *actions, int from) {
@@ -65,8 +63,6 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <linux/unix_diag.h>
@@ -82,31 +78,20 @@ int ckh_replace_fd(int fresh, int fd) { return dup3(fresh, fd, O_CLOEXEC); }
 #define SCM_PIDFD 0x04
 #endif
 
-long ckh_recv_cred(int fd, void *buf, unsigned long len, int dontwait, int32_t *pid, uint32_t *uid, uint32_t *gid,
-                   int32_t *pidfd) {
-    return ckh_recv_cred2(fd, buf, len, NULL, 0, dontwait, pid, uid, gid, pidfd);
-}
-
-long ckh_peek(int fd, void *buf, unsigned long len) {
-    /* No control buffer: the kernel then attaches no credentials and makes no pidfd. */
-    return (long)recv(fd, buf, len, MSG_PEEK | MSG_DONTWAIT);
-}
-
-long ckh_recv_cred2(int fd, void *buf, unsigned long len, void *buf2, unsigned long len2, int dontwait, int32_t *pid,
-                    uint32_t *uid, uint32_t *gid, int32_t *pidfd) {
+long ckh_recv_cred(int fd, void *buf, unsigned long len, int32_t *pid, uint32_t *uid, uint32_t *gid, int32_t *pidfd) {
     /* Room for the credentials, the sender's pidfd and a few descriptors: any descriptor a peer
        passes is closed. */
     union {
         struct cmsghdr align;
         char bytes[CMSG_SPACE(sizeof(struct ucred)) + CMSG_SPACE(sizeof(int)) + CMSG_SPACE(16 * sizeof(int))];
     } control;
-    struct iovec iov[2] = { { .iov_base = buf, .iov_len = len }, { .iov_base = buf2, .iov_len = len2 } };
+    struct iovec iov = { .iov_base = buf, .iov_len = len };
     struct msghdr msg;
     memset(&msg, 0, sizeof(msg));
-    msg.msg_iov = iov; msg.msg_iovlen = len2 > 0 ? 2 : 1;
+    msg.msg_iov = &iov; msg.msg_iovlen = 1;
     msg.msg_control = control.bytes; msg.msg_controllen = sizeof(control.bytes);
     *pid = -1; *uid = (uint32_t)-1; *gid = (uint32_t)-1; *pidfd = -1;
-    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC | (dontwait ? MSG_DONTWAIT : 0));
+    ssize_t n = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (n < 0) return -1;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level != SOL_SOCKET) continue;
@@ -263,105 +248,3 @@ int ckh_raise_nofile(uint64_t want) {
     rl.rlim_cur = target;
     return setrlimit(RLIMIT_NOFILE, &rl);
 }
-// The calling thread's nice value (Linux keeps one per thread), read and set by its tid.
-int ckh_thread_nice_get(int *nice) {
-    errno = 0;
-    int value = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
-    if (value == -1 && errno != 0) return -1;
-    *nice = value;
-    return 0;
-}
-int ckh_thread_nice_set(int nice) { return setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), nice); }
-
-int ckh_process_ids(uint32_t ids[6]) {
-    uid_t r, e, s;
-    gid_t gr, ge, gs;
-    if (getresuid(&r, &e, &s) != 0 || getresgid(&gr, &ge, &gs) != 0) return -1;
-    ids[0] = r; ids[1] = e; ids[2] = s; ids[3] = gr; ids[4] = ge; ids[5] = gs;
-    return 0;
-}
-
-uint32_t ckh_word_load(const uint32_t *word) { return __atomic_load_n(word, __ATOMIC_ACQUIRE); }
-
-void ckh_word_store(uint32_t *word, uint32_t value) { __atomic_store_n(word, value, __ATOMIC_RELEASE); }
-
-int ckh_word_swap_if(uint32_t *word, uint32_t expected, uint32_t desired) {
-    return __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
-}
-
-void ckh_word_wait(uint32_t *word, uint32_t expected) {
-    /* Returns at once if the word is no longer `expected`; may return spuriously (EINTR). */
-    (void)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
-}
-
-void ckh_word_wake(uint32_t *word) { (void)syscall(SYS_futex, word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0); }
-
-/* The broker's event loop (EventLoop.swift): one epoll set of kept connections, each armed
-   one-shot with an id, and an eventfd that asks a worker to lead a group commit. */
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/ioctl.h>
-
-int ckh_epoll_create(void) { return epoll_create1(EPOLL_CLOEXEC); }
-
-int ckh_epoll_arm(int epfd, int fd, int op, int oneshot, uint64_t id) {
-    struct epoll_event ev;
-    memset(&ev, 0, sizeof(ev));
-    ev.events = EPOLLIN | (oneshot ? EPOLLONESHOT : 0);
-    ev.data.u64 = id;
-    return epoll_ctl(epfd, op == 0 ? EPOLL_CTL_ADD : op == 1 ? EPOLL_CTL_MOD : EPOLL_CTL_DEL, fd, &ev);
-}
-
-int ckh_epoll_wait_one(int epfd, uint64_t *id) {
-    struct epoll_event ev;
-    int n = epoll_wait(epfd, &ev, 1, -1);
-    if (n == 1) *id = ev.data.u64;
-    return n;
-}
-
-int ckh_eventfd_create(void) { return eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); }
-
-void ckh_eventfd_signal(int fd) {
-    uint64_t one = 1;
-    ssize_t r;
-    do { r = write(fd, &one, sizeof(one)); } while (r < 0 && errno == EINTR);
-}
-
-void ckh_eventfd_drain(int fd) {
-    uint64_t value;
-    ssize_t r;
-    do { r = read(fd, &value, sizeof(value)); } while (r < 0 && errno == EINTR);
-}
-
-int ckh_frame_waiting(int fd, uint32_t max_payload, unsigned char h[4]) {
-    /* 1 when a whole frame (4-byte big-endian length, then that many bytes, 2 … max_payload) is
-       in the socket, its header copied to h; nothing is taken. 0 for anything else (not all
-       there yet, a length out of range, end of stream, an error): the caller then reads with
-       deadlines, which says why. */
-    ssize_t n = recv(fd, h, 4, MSG_PEEK | MSG_DONTWAIT);
-    if (n != 4) return 0;
-    uint32_t length = (uint32_t)h[0] << 24 | (uint32_t)h[1] << 16 | (uint32_t)h[2] << 8 | h[3];
-    if (length < 2 || length > max_payload) return 0;
-    int queued = 0;
-    if (ioctl(fd, FIONREAD, &queued) != 0 || queued < 0) return 0;
-    return (uint64_t)queued >= (uint64_t)length + 4 ? 1 : 0;
-}
-
-long ckh_read_exe_link(int pid, char *buf, unsigned long size) {
-    /* readlink of /proc/<pid>/exe: the link's length (not terminated), or -1 with errno. The
-       path is formatted here, on the C stack: the caller asks once per request. */
-    char path[32];
-    snprintf(path, sizeof path, "/proc/%d/exe", pid);
-    return (long)readlink(path, buf, size);
-}
-
-long ckh_send_nowait(int fd, const void *buf, unsigned long len) {
-    /* The bytes taken, or -errno (returned, so that nothing between here and the caller's
-       check can change it). */
-    ssize_t r;
-    do { r = send(fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL); } while (r < 0 && errno == EINTR);
-    return r < 0 ? -(long)errno : (long)r;
-}
-
-#include <malloc.h>
-void ckh_limit_malloc_arenas(int arenas) { (void)mallopt(M_ARENA_MAX, arenas); }

@@ -71,32 +71,13 @@ public struct CallerFacts: Sendable, Equatable {
         return findRemote(pid: facts.pid, stat: stat)
     }
 
-    /// The link `/proc/<pid>/exe` names. Read for every request (a process may exec another
-    /// program on the same connection), so first into a buffer Swift keeps on the stack (it
-    /// does up to 1 KiB; PATH_MAX bytes went through `posix_memalign`, 1% of the broker's CPU
-    /// at 64 clients), and only a link that may have been cut short again at PATH_MAX.
+    /// The link `/proc/<pid>/exe` names, read for every request (a sender may have exec'd
+    /// another program since it connected); nil when it cannot be read or fills PATH_MAX.
     public static func readExecutable(pid: Int32) -> String? {
-        switch readExecutable(pid: pid, bufferBytes: firstReadBytes) {
-        case .read(let path): return path
-        case .failed: return nil
-        case .cutShort:
-            guard case .read(let path) = readExecutable(pid: pid, bufferBytes: Int(PATH_MAX)) else { return nil }
-            return path
-        }
-    }
-
-    /// The first read's buffer: Swift's largest temporary allocation on the stack.
-    static let firstReadBytes = 1024
-
-    private enum LinkRead { case read(String), failed, cutShort }
-
-    private static func readExecutable(pid: Int32, bufferBytes: Int) -> LinkRead {
-        withUnsafeTemporaryAllocation(byteCount: bufferBytes, alignment: 1) { buffer -> LinkRead in
-            let n = ckh_read_exe_link(pid, buffer.baseAddress!.assumingMemoryBound(to: CChar.self), UInt(buffer.count))
-            guard n > 0 else { return .failed }
-            guard n < buffer.count else { return .cutShort }  // the whole buffer: possibly cut short
-            return .read(String(decoding: UnsafeRawBufferPointer(rebasing: buffer[0..<n]), as: UTF8.self))
-        }
+        var buffer = [UInt8](repeating: 0, count: Int(PATH_MAX))
+        let n = buffer.withUnsafeMutableBytes { readlink("/proc/\(pid)/exe", $0.baseAddress!, $0.count) }
+        guard n > 0, n < buffer.count else { return nil }
+        return String(decoding: buffer[0..<n], as: UTF8.self)
     }
 
     /// tty_nr is the kernel's encoded dev_t: major in bits 8–15, minor in 0–7 and 20–31.

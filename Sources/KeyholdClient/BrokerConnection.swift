@@ -22,33 +22,20 @@ extension Interaction {
     public var cancellation: (@Sendable () -> Bool)? { nil }
 }
 
-/// One connection to the broker, carrying a request and its conversation (and, kept by a
-/// `Vault`, later ones: KeptConnection.swift). A *busy* answer
+/// One connection to the broker, carrying one request and its conversation. A *busy* answer
 /// (this uid at its connection cap or audit budget) is retried on a new connection for up to
 /// `busyRetrySeconds` before it is surfaced.
 final class BrokerConnection {
     private(set) var fd: Int32
     let socketPath: String
-    /// The process and ids that opened `fd`, and its inode: a kept connection is used again
-    /// only by them (KeptConnection.take). Read once per connection, not per request.
-    private(set) var owner: KeptConnection.Owner
-    private(set) var inode: UInt64
-    /// A reply frame arrived for the request in progress.
-    private var answered = false
-    /// The broker closed this connection before reading the request sent on it (a write that
-    /// found it closed, or a reset for bytes it never read): asking again cannot repeat it.
-    private(set) var closedBeforeReading = false
-    /// The request in progress was canceled while the broker worked on it: its `.cancel` may
-    /// be read after the answer, so the connection is not kept for another request.
+    /// The request in progress was canceled while the broker worked on it.
     private(set) var canceledMidRequest = false
     static let busyRetrySeconds = 3.0
     static let cancelPollMilliseconds: Int32 = 100
 
     init(socketPath: String) throws(KeyholdError) {
         self.socketPath = socketPath
-        owner = .current
         fd = try Self.connect(socketPath)
-        inode = KeptConnection.inode(fd)
     }
 
     private static func connect(_ socketPath: String) throws(KeyholdError) -> Int32 {
@@ -73,10 +60,8 @@ final class BrokerConnection {
         let base = min(10_000 << min(attempt, 5), 250_000)
         usleep(UInt32(base / 2 + Int.random(in: 0...base)))
         _ = Glibc.close(fd)
-        owner = .current
         guard let next = try? Self.connect(socketPath) else { fd = -1; return false }
         fd = next
-        inode = KeptConnection.inode(fd)
         return true
     }
 
@@ -84,7 +69,6 @@ final class BrokerConnection {
         do throws(FrameError) {
             try Frame.write(message.encode(), to: fd)
         } catch {
-            if !answered, error == .io(EPIPE) || error == .io(ECONNRESET) { closedBeforeReading = true }
             throw .brokerUnavailable("connection lost while sending")
         }
     }
@@ -97,12 +81,10 @@ final class BrokerConnection {
         _ = ckh_poll1(fd, Int32(POLLIN), -1)
         do throws(FrameError) {
             guard let payload = try Frame.read(from: fd) else { throw FrameError.truncated }
-            answered = true
             return try BrokerMessage.decode(payload)
         } catch .truncated {
             throw .brokerUnavailable("the broker closed the connection")
-        } catch .io(let e) {
-            if !answered, e == ECONNRESET { closedBeforeReading = true }
+        } catch .io {
             throw .brokerUnavailable("connection lost")
         } catch {
             throw .other("the broker sent a malformed reply (\(error))")
@@ -133,9 +115,6 @@ final class BrokerConnection {
                              onAudit: ([AuditEntryInfo]) -> Bool,
                              onExportHeader: (AuditExportHeader) -> Void,
                              onRotation: (SecureBytes, UInt64) -> ClientMessage) throws(KeyholdError) -> Response {
-        // Per request: on a kept connection the previous request's reply says nothing of this one.
-        answered = false
-        closedBeforeReading = false
         canceledMidRequest = false
         do throws(KeyholdError) {
             try send(.request(request))

@@ -52,8 +52,6 @@ public struct Vault: Sendable {
     public static let defaultSocketPath = "/run/keyhold/keyhold.sock"
 
     public let socketPath: String
-    /// The connection kept between this vault's requests (copies of this value share it).
-    let kept = KeptConnection()
 
     /// The socket from `$KEYHOLD_SOCKET`, else the system default.
     public init(socketPath: String? = nil) {
@@ -279,24 +277,10 @@ public struct Vault: Sendable {
                          onItems: ([ItemInfo]) -> Void = { _ in },
                          onAudit: ([AuditEntryInfo]) -> Bool = { _ in true }) throws(KeyholdError) -> Response {
         try checkItemNames(request)
-        var reused = kept.take()
-        var conn: BrokerConnection
-        if let reused { conn = reused } else { conn = try BrokerConnection(socketPath: socketPath) }
-        var response: Response
-        while true {
-            do throws(KeyholdError) {
-                response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
-                break
-            } catch {
-                conn.close()
-                // A kept connection the broker had already closed: the request was never read.
-                guard reused != nil, conn.closedBeforeReading else { throw error }
-                reused = nil
-                conn = try BrokerConnection(socketPath: socketPath)
-            }
-        }
-        // The broker keeps the connection after these; anything else ends it.
-        if response.outcome != .busy, request.operation.keepsConnection, !conn.canceledMidRequest { kept.keep(conn) } else { conn.close() }
+        // One connection per request: the broker serves one and closes it.
+        let conn = try BrokerConnection(socketPath: socketPath)
+        defer { conn.close() }
+        let response = try conn.perform(request, interaction: interaction, onItems: onItems, onAudit: onAudit)
         if response.outcome == .ok || (acceptNotFound && response.state != nil) { return response }
         throw KeyholdError(response)
     }

@@ -1,8 +1,6 @@
 import KeyholdCore
 import KeyholdProtocol
 
-@_exported import enum KeyholdProtocol.AttributeMapping
-
 /// Calls the Secret Service agent makes on behalf of a D-Bus client. Each carries the pid the
 /// bus named as the sender (or `Request.unreadableClaimedPID`), which the broker checks and
 /// records as a claimed requester (never trusted as an identity): there is no call without one.

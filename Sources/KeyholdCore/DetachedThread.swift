@@ -12,11 +12,11 @@ public enum DetachedThread {
     /// Starts `body` on a new detached thread; false when the thread could not be created
     /// (the caller then refuses the work instead of running it inline).
     @discardableResult
-    public static func start(stackBytes: Int = 1 << 20, _ body: @escaping @Sendable () -> Void) -> Bool {
+    public static func start(_ body: @escaping @Sendable () -> Void) -> Bool {
         var attr = pthread_attr_t()
         pthread_attr_init(&attr)
         defer { pthread_attr_destroy(&attr) }
-        pthread_attr_setstacksize(&attr, stackBytes)
+        pthread_attr_setstacksize(&attr, 1 << 20)
         pthread_attr_setdetachstate(&attr, Int32(PTHREAD_CREATE_DETACHED))
         let box = Unmanaged.passRetained(Body(body))
         var thread = pthread_t()

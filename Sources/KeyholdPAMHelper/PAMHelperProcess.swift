@@ -1,7 +1,7 @@
 import CKeyholdOS
 import CPAM
 import Glibc
-import KeyholdAuth
+import KeyholdPAMWire
 import KeyholdCore
 
 /// The short-lived process that runs exactly one PAM transaction (`keyhold-pam-helper

@@ -1,64 +1,9 @@
 import KeyholdCore
 
-// Encoding and decoding of what a client sends (the broker decodes it: untrusted input).
+// Decoding of what a client sends (the broker decodes it: untrusted input). Its encoding is
+// the client's (KeyholdClient/ClientCoding.swift).
 
 extension ClientMessage {
-    public func encode() -> SecureBytes {
-        switch self {
-        case .cancel:
-            return PayloadEncoder.encode(type: MessageType.cancel, fields: [])
-        case .answer(let s):
-            return PayloadEncoder.encode(type: MessageType.answer, fields: [.secret(1, s)])
-        case .auditRows(let rows):
-            return PayloadEncoder.encode(type: MessageType.auditRows,
-                                         fields: rows.map { Field(ListTag.entry, .nested(BrokerMessage.fields(of: $0))) })
-        case .auditRowsEnd:
-            return PayloadEncoder.encode(type: MessageType.auditRowsEnd, fields: [])
-        case .rotated(let s, let expires):
-            return PayloadEncoder.encode(type: MessageType.rotated, fields: RotationWire.rotatedFields(s, expires))
-        case .request(let r):
-            var f: [Field] = [.number(RequestTag.operation, UInt64(r.operation.rawValue))]
-            if let item = r.item {
-                f.append(.text(RequestTag.service, item.service))
-                f.append(.text(RequestTag.account, item.account))
-            }
-            if let label = r.label { f.append(.text(RequestTag.label, label)) }
-            if r.operation == .put { f.append(.number(RequestTag.kind, UInt64(r.kind.rawValue))) }
-            if let p = r.policy { f.append(.text(RequestTag.policy, p)) }
-            for exe in r.allowedExecutables { f.append(.text(RequestTag.allowExe, exe)) }
-            if r.reuseSeconds != 0 { f.append(.number(RequestTag.reuse, UInt64(r.reuseSeconds))) }
-            if r.update { f.append(.flag(RequestTag.update)) }
-            if let s = r.secret { f.append(.secret(RequestTag.secret, s)) }
-            if let s = r.appPassword { f.append(.secret(RequestTag.appPassword, s)) }
-            if let reason = r.reason { f.append(.text(RequestTag.reason, reason)) }
-            if !r.allowInteraction { f.append(.flag(RequestTag.noInteraction)) }
-            if let v = r.since { f.append(.number(RequestTag.since, UInt64(bitPattern: v))) }
-            if let v = r.until { f.append(.number(RequestTag.until, UInt64(bitPattern: v))) }
-            if let v = r.afterSeq { f.append(.number(RequestTag.afterSeq, UInt64(bitPattern: v))) }
-            if r.follow { f.append(.flag(RequestTag.follow)) }
-            if r.withRows { f.append(.flag(RequestTag.withRows)) }
-            if let h = r.exportHeader {
-                f.append(.number(RequestTag.startSeq, UInt64(bitPattern: h.startSeq)))
-                f.append(Field(RequestTag.startMAC, .bytes(h.startMAC)))
-                f.append(.number(RequestTag.throughSeq, UInt64(bitPattern: h.throughSeq)))
-                f.append(Field(RequestTag.throughMAC, .bytes(h.throughMAC)))
-                f.append(Field(RequestTag.exportTag, .bytes(h.tag)))
-            }
-            if let pid = r.claimedPID { f.append(.number(RequestTag.claimedPID, UInt64(UInt32(bitPattern: pid)))) }
-            if let v = r.ifGeneration { f.append(.number(RequestTag.ifGeneration, v)) }
-            if let v = r.timeoutSeconds { f.append(.number(RequestTag.timeout, UInt64(v))) }
-            if let v = r.expires { f.append(.number(RequestTag.expires, UInt64(bitPattern: v))) }
-            f += SearchWire.fields(r.searchAttributes, tag: RequestTag.searchPair)
-            return PayloadEncoder.encode(type: MessageType.request, fields: f)
-        }
-    }
-
-    /// Splits exported rows into `.auditRows` messages that each fit in one frame.
-    public static func auditRowBatches(_ rows: [AuditEntryInfo]) -> [ClientMessage] {
-        BrokerMessage.batches(rows, size: { Field(ListTag.entry, .nested(BrokerMessage.fields(of: $0))).encodedCount })
-            .map { .auditRows($0) }
-    }
-
     /// Decodes what a client sent. Everything here is untrusted.
     public static func decode(_ payload: SecureBytes) throws(FrameError) -> ClientMessage {
         switch try FieldSet.header(payload) {

@@ -2,59 +2,59 @@ import KeyholdCore
 
 // The wire numbers of message types and field tags: never reused, never renumbered.
 
-enum MessageType {
-    static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3, auditRows: UInt8 = 4, auditRowsEnd: UInt8 = 5
-    static let rotated: UInt8 = 6, rotationCurrent: UInt8 = 16
-    static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
-    static let exportHeader: UInt8 = 15
+package enum MessageType {
+    package static let request: UInt8 = 1, answer: UInt8 = 2, cancel: UInt8 = 3, auditRows: UInt8 = 4, auditRowsEnd: UInt8 = 5
+    package static let rotated: UInt8 = 6, rotationCurrent: UInt8 = 16
+    package static let prompt: UInt8 = 10, notice: UInt8 = 11, response: UInt8 = 12, items: UInt8 = 13, audit: UInt8 = 14
+    package static let exportHeader: UInt8 = 15
 }
 
-enum NoticeTag {
-    static let style: UInt8 = 1, text: UInt8 = 2, executable: UInt8 = 3, pid: UInt8 = 4, service: UInt8 = 5, account: UInt8 = 6
-    static let reason: UInt8 = 7
-    static let all: TagSet = TagSet(1...7)
+package enum NoticeTag {
+    package static let style: UInt8 = 1, text: UInt8 = 2, executable: UInt8 = 3, pid: UInt8 = 4, service: UInt8 = 5, account: UInt8 = 6
+    package static let reason: UInt8 = 7
+    package static let all: TagSet = TagSet(1...7)
 }
 
-enum RequestTag {
-    static let operation: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
-    static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, update: UInt8 = 9, secret: UInt8 = 10
-    static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
-    static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
-    static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
-    static let claimedPID: UInt8 = 24
-    static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27, searchPair: UInt8 = 28
-    static let exportHeader: [UInt8] = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
-    static let all: TagSet = TagSet(1...28)
+package enum RequestTag {
+    package static let operation: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
+    package static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, update: UInt8 = 9, secret: UInt8 = 10
+    package static let appPassword: UInt8 = 11, reason: UInt8 = 12, noInteraction: UInt8 = 13, since: UInt8 = 14
+    package static let afterSeq: UInt8 = 15, follow: UInt8 = 16, until: UInt8 = 17, withRows: UInt8 = 18
+    package static let startSeq: UInt8 = 19, startMAC: UInt8 = 20, throughSeq: UInt8 = 21, throughMAC: UInt8 = 22, exportTag: UInt8 = 23
+    package static let claimedPID: UInt8 = 24
+    package static let ifGeneration: UInt8 = 25, timeout: UInt8 = 26, expires: UInt8 = 27, searchPair: UInt8 = 28
+    package static let exportHeader: [UInt8] = [startSeq, startMAC, throughSeq, throughMAC, exportTag]
+    package static let all: TagSet = TagSet(1...28)
 }
 
-enum ResponseTag {
-    static let outcome: UInt8 = 1, detail: UInt8 = 2, secret: UInt8 = 3, state: UInt8 = 4, secondsLeft: UInt8 = 5
-    static let count: UInt8 = 6, firstBad: UInt8 = 7, finger: UInt8 = 8, reader: UInt8 = 9
-    static let generation: UInt8 = 10, expires: UInt8 = 11
-    static let all: TagSet = TagSet(1...11)
+package enum ResponseTag {
+    package static let outcome: UInt8 = 1, detail: UInt8 = 2, secret: UInt8 = 3, state: UInt8 = 4, secondsLeft: UInt8 = 5
+    package static let count: UInt8 = 6, firstBad: UInt8 = 7, finger: UInt8 = 8, reader: UInt8 = 9
+    package static let generation: UInt8 = 10, expires: UInt8 = 11
+    package static let all: TagSet = TagSet(1...11)
 }
 
-enum ListTag {
-    static let entry: UInt8 = 1
+package enum ListTag {
+    package static let entry: UInt8 = 1
 }
 
-enum ItemTag {
-    static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
-    static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
-    static let generation: UInt8 = 11, expires: UInt8 = 12
-    static let all: TagSet = TagSet(1...12)
+package enum ItemTag {
+    package static let id: UInt8 = 1, service: UInt8 = 2, account: UInt8 = 3, label: UInt8 = 4, kind: UInt8 = 5
+    package static let policy: UInt8 = 6, allowExe: UInt8 = 7, reuse: UInt8 = 8, created: UInt8 = 9, updated: UInt8 = 10
+    package static let generation: UInt8 = 11, expires: UInt8 = 12
+    package static let all: TagSet = TagSet(1...12)
 }
 
-enum AuditTag {
-    static let seq: UInt8 = 1, time: UInt8 = 2, uid: UInt8 = 3, pid: UInt8 = 4, exe: UInt8 = 5, op: UInt8 = 6
-    static let itemID: UInt8 = 7, service: UInt8 = 8, account: UInt8 = 9, decision: UInt8 = 10, method: UInt8 = 11
-    static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15, row: UInt8 = 16
-    static let all: TagSet = TagSet(1...16)
+package enum AuditTag {
+    package static let seq: UInt8 = 1, time: UInt8 = 2, uid: UInt8 = 3, pid: UInt8 = 4, exe: UInt8 = 5, op: UInt8 = 6
+    package static let itemID: UInt8 = 7, service: UInt8 = 8, account: UInt8 = 9, decision: UInt8 = 10, method: UInt8 = 11
+    package static let reason: UInt8 = 12, outcome: UInt8 = 13, mac: UInt8 = 14, previousMAC: UInt8 = 15, row: UInt8 = 16
+    package static let all: TagSet = TagSet(1...16)
 }
 
-enum ExportHeaderTag {
-    static let startSeq: UInt8 = 1, startMAC: UInt8 = 2, throughSeq: UInt8 = 3, throughMAC: UInt8 = 4, tag: UInt8 = 5
-    static let all: TagSet = TagSet(1...5)
+package enum ExportHeaderTag {
+    package static let startSeq: UInt8 = 1, startMAC: UInt8 = 2, throughSeq: UInt8 = 3, throughMAC: UInt8 = 4, tag: UInt8 = 5
+    package static let all: TagSet = TagSet(1...5)
 }
 
 /// A prompt answer or app password: as long as a PAM response may usefully be.
@@ -63,7 +63,7 @@ public let maxAnswerBytes = Limits.maxAnswerBytes
 extension FieldSet {
     /// An audit export header under the given tags: a request carries it beside its own
     /// fields, the broker's header message alone; both are checked the same way here.
-    func exportHeader(startSeq: UInt8, startMAC: UInt8, throughSeq: UInt8, throughMAC: UInt8,
+    package func exportHeader(startSeq: UInt8, startMAC: UInt8, throughSeq: UInt8, throughMAC: UInt8,
                                   tag: UInt8) throws(FrameError) -> AuditExportHeader {
         func mac(_ t: UInt8) throws(FrameError) -> [UInt8] {
             guard let b = try opaque(t, maxBytes: AuditExportRow.macBytes), b.count == AuditExportRow.macBytes else {

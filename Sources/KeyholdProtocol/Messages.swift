@@ -17,13 +17,6 @@ public enum Operation: UInt8, Sendable, CaseIterable {
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state, .rotate].contains(self) }
-
-    /// Requests that end with their response and nothing after it, so their connection may
-    /// carry the next request (broker `Session.serve`, client `KeptConnection`). An audit
-    /// stream, an export check and a rotation end their connection.
-    public var keepsConnection: Bool {
-        [.get, .put, .delete, .list, .state, .lock, .status, .biometry, .search].contains(self)
-    }
 }
 
 public struct ItemReference: Sendable, Equatable {

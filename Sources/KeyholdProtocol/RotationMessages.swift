@@ -10,10 +10,10 @@ extension Limits {
 
 /// Wire fields of the rotate conversation: request fields, `rotationCurrent` (broker → client)
 /// and `rotated` (client → broker). Checked here as strictly as every other message.
-enum RotationWire {
+package enum RotationWire {
     static let secretTag: UInt8 = 1, numberTag: UInt8 = 2
 
-    static func rotatedFields(_ s: SecureBytes, _ expires: Int64?) -> [Field] {
+    package static func rotatedFields(_ s: SecureBytes, _ expires: Int64?) -> [Field] {
         var f: [Field] = [.secret(secretTag, s)]
         if let expires { f.append(.number(numberTag, UInt64(bitPattern: expires))) }
         return f
@@ -29,7 +29,7 @@ enum RotationWire {
         return (s, try fs.number(numberTag).map { Int64(bitPattern: $0) })
     }
 
-    static func decodeCurrent(_ payload: SecureBytes) throws(FrameError) -> (SecureBytes, UInt64) {
+    package static func decodeCurrent(_ payload: SecureBytes) throws(FrameError) -> (SecureBytes, UInt64) {
         let fs = try FieldSet.payload(payload, allowed: [secretTag, numberTag])
         guard let s = try fs.secret(secretTag, maxBytes: Limits.maxSecretBytes), let g = try fs.number(numberTag) else {
             throw .malformed("rotation offer without its secret or generation")

@@ -3,10 +3,10 @@ import KeyholdCore
 /// Wire fields of `search`: each query pair is one nested field (key, value), repeated.
 /// Checked as strictly as every other message: at most `Limits.maxAttributePairs` pairs, each
 /// text within `Limits.maxTextBytes`, no key twice, and pairs only on a `search` request.
-enum SearchWire {
+package enum SearchWire {
     static let keyTag: UInt8 = 1, valueTag: UInt8 = 2
 
-    static func fields(_ query: [String: String], tag: UInt8) -> [Field] {
+    package static func fields(_ query: [String: String], tag: UInt8) -> [Field] {
         // Sorted: the same query always encodes to the same bytes.
         query.sorted { Array($0.key.utf8).lexicographicallyPrecedes(Array($1.key.utf8)) }.map { pair in
             Field(tag, .nested([.text(keyTag, pair.key), .text(valueTag, pair.value)]))

@@ -26,7 +26,7 @@ public struct Field {
     public static func flag(_ tag: UInt8) -> Field { Field(tag, .bytes([1])) }
     public static func secret(_ tag: UInt8, _ s: SecureBytes) -> Field { Field(tag, .secret(s)) }
 
-    var encodedCount: Int {
+    package var encodedCount: Int {
         switch value {
         case .bytes(let b): 5 + b.count
         case .secret(let s): 5 + s.count
@@ -79,37 +79,8 @@ public enum ProtocolVersion {
     public static let current: UInt8 = 1
 }
 
-/// A set of field tags, as a 256-bit mask: every field of every received frame is checked
-/// against one, where a hashed `Set` was a measurable part of decoding a request.
-public struct TagSet: ExpressibleByArrayLiteral, Equatable, Sendable {
-    private var low: UInt64 = 0, lowMiddle: UInt64 = 0, highMiddle: UInt64 = 0, high: UInt64 = 0
-
-    public init<S: Sequence>(_ tags: S) where S.Element == UInt8 {
-        for tag in tags { insert(tag) }
-    }
-
-    public init(arrayLiteral tags: UInt8...) { self.init(tags) }
-
-    public func contains(_ tag: UInt8) -> Bool {
-        let bit: UInt64 = 1 << UInt64(tag & 63)
-        switch tag >> 6 {
-        case 0: return low & bit != 0
-        case 1: return lowMiddle & bit != 0
-        case 2: return highMiddle & bit != 0
-        default: return high & bit != 0
-        }
-    }
-
-    public mutating func insert(_ tag: UInt8) {
-        let bit: UInt64 = 1 << UInt64(tag & 63)
-        switch tag >> 6 {
-        case 0: low |= bit
-        case 1: lowMiddle |= bit
-        case 2: highMiddle |= bit
-        default: high |= bit
-        }
-    }
-}
+/// A set of field tags: every field of every received frame is checked against one.
+public typealias TagSet = Set<UInt8>
 
 /// The fields of a received payload (or of one nested field), as ranges into its buffer.
 public struct FieldSet {

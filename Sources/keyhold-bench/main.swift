@@ -179,7 +179,7 @@ fill(to: min(1_000, maxItems))
 let put1k = putTimes  // the puts that filled the store to 1,000
 let get1k = measureGets(2_000)
 report("put, client library, at 1,000 items: p50 / p99", "\(ms(percentile(put1k, 0.5))) / \(ms(percentile(put1k, 0.99)))", "(each put is fsynced)")
-report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 <= 1 ms, p99 <= 5 ms")
+report("get, client library, at 1,000 items: p50 / p99", "\(ms(percentile(get1k, 0.5))) / \(ms(percentile(get1k, 0.99)))", "target p50 < 1 ms")
 /// A search of every item, and other callers' gets while one searches, lists or verifies in a loop.
 @MainActor func reportSearch() {
     let long = measureLongReads(socketPath: socketPath, items: stored)
@@ -269,7 +269,8 @@ if auditEntries > 0 {
     let v0 = now()
     let verification = try! store.verifyAudit()
     let vt = now() - v0
-    report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@", Double(auditEntries) / vt, "\(verification)" as NSString))
+    report("audit verify of \(auditEntries) entries", String(format: "%.2f s", vt), String(format: "%.0f entries/s; %@%@", Double(auditEntries) / vt, "\(verification)" as NSString,
+                                                                         auditEntries == 1_000_000 ? "; target < 5 s" : ""))
     store.close()
 }
 measureTPMCost(bin: bin)  // issue 13: what the TPM key protector adds (TPMCost.swift)

@@ -111,14 +111,13 @@ import CKeyholdOS
         }
     }
 
-    /// The executable link is read first into a 1 KiB buffer and, when it fills it, again at
-    /// PATH_MAX: programs whose paths end just before, at and just after that buffer's end are
-    /// named whole (never cut short, never nil).
+    /// Long executable paths (around 1 KiB: beyond what a small buffer would hold) are named
+    /// whole, never cut short, never nil.
     @Test func executablePathsAroundTheFirstBufferAreReadWhole() throws {
         let dir = PAMFixture.tempDirectory()
         defer { try? FileManager.default.removeItem(atPath: dir) }
         let sleep = URL(fileURLWithPath: "/bin/sleep").resolvingSymlinksInPath().path
-        let first = CallerFacts.firstReadBytes
+        let first = 1024
         for length in [first - 1, first, first + 1] {
             // Directories of 200-byte names, then a file name that makes the path `length` long.
             var path = dir + "/\(length)"

@@ -32,40 +32,6 @@ struct ConnectionSlotsAndBudgetTests {
         #expect(slots.acquire(uid: 1000))
     }
 
-    @Test func makingRoomEndsTheLongestWaitingKeptConnectionOfThatUidOnly() {
-        // Three kept connections (socket pairs: [broker side, client side]), two of uid 1000.
-        var pairs: [[Int32]] = []
-        for _ in 0..<3 {
-            var sv: [Int32] = [-1, -1]
-            #expect(socketpair(AF_UNIX, Int32(SOCK_STREAM.rawValue), 0, &sv) == 0)
-            pairs.append(sv)
-        }
-        defer { for p in pairs { close(p[0]); close(p[1]) } }
-        let slots = ConnectionSlots()
-        let older = slots.keep(fd: pairs[0][0], uid: 1000), newer = slots.keep(fd: pairs[1][0], uid: 1000)
-        let otherUID = slots.keep(fd: pairs[2][0], uid: 2000)
-        let olderSince = older.startWaiting()
-        usleep(2_000)
-        let newerSince = newer.startWaiting()
-        _ = otherUID.startWaiting()
-        #expect(!slots.makeRoom(uid: 3000), "a uid with no kept connection waiting")
-        #expect(slots.makeRoom(uid: 1000))
-        // The oldest was ended: its client can no longer send, its broker side reads the end.
-        var byte: UInt8 = 1
-        #expect(send(pairs[0][1], &byte, 1, Int32(MSG_NOSIGNAL)) == -1 && errno == EPIPE)
-        #expect(recv(pairs[0][0], &byte, 1, Int32(MSG_DONTWAIT)) == 0)
-        #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1, "the newer one is left alone")
-        #expect(older.stopWaiting(olderSince))
-        #expect(!newer.stopWaiting(newerSince))
-        // Once a connection stops waiting (a request came), it is not ended for anyone; nor
-        // is one that was forgotten (its session is closing it).
-        #expect(!slots.makeRoom(uid: 1000))
-        #expect(send(pairs[1][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1)
-        slots.forget(otherUID)
-        #expect(!slots.makeRoom(uid: 2000))
-        #expect(send(pairs[2][1], &byte, 1, Int32(MSG_NOSIGNAL)) == 1)
-    }
-
     @Test func overBudgetRequestsAreCountedIntoOneBurst() {
         let budget = AuditBudget()
         #expect(budget.admit(uid: 1000))

@@ -116,12 +116,10 @@ import KeyholdTestSupport
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: 12))
     }
 
-    /// Through the broker, as a release and a plain entry commit: a member whose only write is
-    /// its one append (`Broker.MemberWrites.oneAppendLast`) runs without a nested transaction of
-    /// its own around it. Its append failing (a trigger refuses entries of pid 667) leaves
-    /// nothing of it, not even in the writer's memory of the chain: every other member of the
+    /// Through the broker, as a release and a plain entry commit: a member whose append fails
+    /// (a trigger refuses entries of pid 667) leaves nothing of it: every other member of the
     /// same groups lands, and the chain verifies.
-    @Test func aMemberWhoseOnlyWriteIsItsAppendFailsAloneWithoutASavepointAroundIt() throws {
+    @Test func aMemberWhoseOnlyWriteIsItsAppendFailsAlone() throws {
         let h = try ReaderLookupTests.Harness()
         let db = try Database(path: h.dbPath)
         try db.execute("CREATE TRIGGER append_fault BEFORE INSERT ON audit WHEN NEW.caller_pid = 667 BEGIN SELECT RAISE(ABORT, 'fault'); END;")
@@ -129,7 +127,7 @@ import KeyholdTestSupport
         let outcomes = Mutex([Result<Int, StoreError>?](repeating: nil, count: 32))
         runThreads(32) { i in
             let record = Self.record("o-\(i)", pid: i % 4 == 0 ? 667 : 4242)
-            let result = h.broker.transact(record, writes: .oneAppendLast) { (store) throws(StoreError) -> Int in
+            let result = h.broker.transact(record) { (store) throws(StoreError) -> Int in
                 _ = try store.item(owner: 1000, service: "s", account: "a")  // reads first, as a release's confirmation does
                 try store.append(record)
                 return i
@@ -182,8 +180,7 @@ import KeyholdTestSupport
         try h.expectOnlyTheHeldEntryThenRecovery()
     }
 
-    /// Members wait on a word of their own (finished, or told to lead) instead of the group's
-    /// mutex. Under churn (16 threads, 150 rounds each, work of random length, some members
+    /// Under churn (16 threads, 150 rounds each, work of random length, some members
     /// failing their own part) every member returns, with its own outcome, and exactly the
     /// acknowledged entries are stored: a hand-off that lost a wake-up would leave a caller
     /// waiting (the run is bounded: the test fails after 60 s instead of hanging CI).
@@ -214,30 +211,5 @@ import KeyholdTestSupport
         #expect(try h.entries(reason: "churn-") == acknowledged)
         #expect(try h.store.withLock { try $0.verifyAudit() } == .intact(count: Int64(acknowledged)))
         #expect(h.group.membersCommitted == threads * rounds)
-    }
-
-    /// The leader runs its group's work favoured (nice 10 lower, so that its members' sessions
-    /// do not preempt it) and afterwards has its own priority back, whatever that was. Read
-    /// from the kernel on a thread of the test's own, which leads its one-member group.
-    @Test func theLeaderIsFavouredWhileItLeadsAndOnlyThen() throws {
-        let h = try Harness()
-        let which = __priority_which_t(PRIO_PROCESS.rawValue)
-        for own: Int32 in [0, 7] {
-            let seen = Mutex<(during: Int32?, after: Int32?)>((nil, nil))
-            let done = DispatchSemaphore(value: 0)
-            Thread.detachNewThread {
-                setpriority(which, 0, own)  // who 0: this thread alone
-                let ok = h.run { _ in
-                    seen.withLock { $0.during = getpriority(which, 0) }
-                    return true
-                }
-                seen.withLock { $0.after = ok ? getpriority(which, 0) : nil }
-                done.signal()
-            }
-            done.wait()
-            let (during, after) = seen.withLock { $0 }
-            #expect(during == own - GroupCommit.leaderNiceBoost)
-            #expect(after == own)
-        }
     }
 }

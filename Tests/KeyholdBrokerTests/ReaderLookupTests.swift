@@ -8,9 +8,9 @@ import KeyholdProtocol
 import KeyholdTestSupport
 @testable import KeyholdBroker
 
-/// The lookup a release is decided on runs on a read-only connection (`VaultReader`), against a
-/// real vault file, inside a real `Broker`: it does not wait for the store lock, it opens only
-/// the writer's file, it checks rows as the writer does, and it answers nothing after a rollback.
+/// The long reads run on a read-only connection (`VaultReader`), against a real vault file,
+/// inside a real `Broker`: they do not wait for the store lock, the reader opens only the
+/// writer's file, it checks rows as the writer does, and it answers nothing after a rollback.
 @Suite(.serialized, .timeLimit(.minutes(3))) struct ReaderLookupTests {
     final class Harness: @unchecked Sendable {
         let directory = TestPaths.temporaryDirectory("kh-reader")
@@ -31,6 +31,12 @@ import KeyholdTestSupport
         }
 
         func session() -> Session { Session(fd: -1, caller: ReleaseGateTests.caller(), broker: broker) }
+
+        /// The item as the long-read reader lists it; *integrity* when its row is listed as damaged.
+        func listed() -> Result<StoredItem?, Denial> {
+            broker.longRead { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
+                .flatMap { page in page.damaged > 0 ? .failure(Denial(.integrityFailure)) : .success(page.items.first) }
+        }
 
         static func record(_ op: AuditOperation) -> AuditRecord {
             AuditRecord(callerUID: ReleaseGateTests.uid, callerPID: 1, executable: "/t", operation: op, service: "svc",
@@ -96,8 +102,6 @@ import KeyholdTestSupport
         return nil
     }
 
-    static func found(_ r: Result<ReleaseRow?, Denial>) -> StoredItem? { found(r.map { $0?.item }) }
-    static func outcome(_ r: Result<ReleaseRow?, Denial>) -> Outcome { outcome(r.map { $0?.item }) }
 
     static func outcome(_ r: Result<StoredItem?, Denial>) -> Outcome {
         switch r {
@@ -105,53 +109,6 @@ import KeyholdTestSupport
         case .success: .ok
         case .failure(let d): d.outcome
         }
-    }
-
-    /// One thread holds the store lock (as a group commit does across its fsync) until the
-    /// lookup has answered, or 30 s: answered while the lock is held, or the test fails. Without
-    /// readers the lookup waits for the lock, the holder gives up after 30 s, and this fails.
-    @Test func aReleaseLookupProceedsWhileTheStoreLockIsHeld() throws {
-        let h = try Harness()
-        let item = try #require(h.add("s1"))
-        #expect(h.broker.readers.withReader { _ in true } != nil)  // there is a reader
-        let (result, answeredWhileHeld) = Self.whileAnotherThreadHoldsTheStore(h) { h.session().releaseLookup(Harness.ref) }
-        #expect(answeredWhileHeld)
-        #expect(Self.found(result)?.id == item.id)
-        #expect(Self.found(result)?.generation == 1)
-    }
-
-    /// A `get`'s secret is opened from the row the reader read (off the store lock), but what is
-    /// released is decided by the writer: the row replaced after the gate's decision releases
-    /// the current secret at its generation, never the one opened first; the policy tightened
-    /// after it releases nothing (*conflict*). Through the session's own decide and release.
-    @Test func aGetWhoseRowChangedAfterTheDecisionReleasesOnlyWhatTheWriterConfirms() throws {
-        let h = try Harness()
-        let first = try #require(h.add("s1"))
-        var request = Request(.get, item: Harness.ref)
-        request.allowInteraction = false
-        func decide() throws -> (ReleaseRow, Authorization) {
-            guard case .granted(let row, let granted) = h.session().decideRelease(request) else { throw StoreError.notFound }
-            return (row, granted)
-        }
-        func release(_ decided: (ReleaseRow, Authorization)) -> Result<(secret: SecureBytes, current: StoredItem), Denial> {
-            defer { decided.1.wipe() }
-            return h.session().release(decided.0.item, request, method: decided.1.method, appPassword: nil, decided: decided.0)
-        }
-
-        let unchanged = try decide()
-        guard case .success(let got) = release(unchanged) else { Issue.record("an unchanged row was not released"); return }
-        expectSecret(got.secret.withUnsafeBytes { Array($0) }, equals: Array("s1".utf8))
-
-        let beforeReplace = try decide()
-        let second = try #require(h.replace(first, "s2"))
-        guard case .success(let current) = release(beforeReplace) else { Issue.record("the replaced row was not released"); return }
-        expectSecret(current.secret.withUnsafeBytes { Array($0) }, equals: Array("s2".utf8))
-        #expect(current.current.generation == second.generation)
-
-        let beforeTightening = try decide()
-        _ = try #require(h.replace(second, "s3", policy: "device-passcode"))
-        guard case .failure(let refused) = release(beforeTightening) else { Issue.record("a secret was released after the policy was tightened"); return }
-        #expect(refused.outcome == .conflict)
     }
 
     /// The files at the vault's paths are others than the writer's: no reader opens them. A
@@ -174,7 +131,7 @@ import KeyholdTestSupport
         // The state directory swapped for the older copy under an open reader: it reads the writer's files.
         let reader = try VaultReader.open(for: writer)
         #expect(rename(state, dir + "/live") == 0 && rename(dir + "/snapshot", state) == 0)
-        #expect(try reader.item(owner: ReleaseGateTests.uid, service: "svc", account: "acct") == nil)
+        #expect(try reader.items(owner: ReleaseGateTests.uid, after: nil, limit: 10).items.isEmpty)
         reader.close()
         #expect(throws: StoreError.integrity) { try VaultReader.open(for: writer) }
         #expect(rename(state, dir + "/copy") == 0 && rename(dir + "/live", state) == 0)
@@ -196,10 +153,8 @@ import KeyholdTestSupport
         _ = try add()
         let broker = Broker(store: writer, gate: ReleaseGateTests.gate(ReleaseGateTests.yes),
                             syslog: AuditSyslog(socketPath: dir + "/no-log"), reserve: FreeSpaceReserve(directory: dir, bytes: 0))
-        #expect(broker.readers.withReader { _ in true } == nil)  // no reader
-        let session = Session(fd: -1, caller: ReleaseGateTests.caller(), broker: broker)
-        #expect(broker.readReleaseRow(owner: ReleaseGateTests.uid, Harness.ref) == nil)
-        #expect(Self.found(session.releaseLookup(Harness.ref)) != nil)
+        let page = broker.longRead { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
+        #expect((try? page.get())?.items.count == 1)
         broker.close()
     }
 
@@ -212,14 +167,14 @@ import KeyholdTestSupport
         try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
         let replaced = h.replace(first, "new")
         #expect(replaced?.generation == 2)
-        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 2)  // the reader's record is cached now
+        #expect(Self.found(h.listed())?.generation == 2)  // the reader's record is cached now
 
         let attach = "ATTACH '\(h.directory)/snapshot.db' AS old;"
         try h.sql(attach + "DELETE FROM items; INSERT INTO items SELECT * FROM old.items;")
-        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .integrityFailure)
+        #expect(Self.outcome(h.listed()) == .integrityFailure)
         #expect(Self.outcome(h.session().lookup(Harness.ref)) == .integrityFailure)
         try h.sql(attach + "DELETE FROM item_generation; INSERT INTO item_generation SELECT * FROM old.item_generation;")
-        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .integrityFailure)
+        #expect(Self.outcome(h.listed()) == .integrityFailure)
         #expect(Self.outcome(h.session().lookup(Harness.ref)) == .integrityFailure)
     }
 
@@ -230,7 +185,7 @@ import KeyholdTestSupport
     @Test func aReaderDoesNotAdoptARecordWhoseChangeWasRolledBack() throws {
         let h = try Harness()
         let first = try #require(h.add("v1"))
-        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.generation == 1)  // cached by the reader
+        #expect(Self.found(h.listed())?.generation == 1)  // cached by the reader
         let second = h.replace(first, "v2")
         let kept = try #require(second)
         h.broker.withStore { store in
@@ -242,7 +197,7 @@ import KeyholdTestSupport
                 }
             }
         }
-        let seen = h.session().releaseLookup(Harness.ref)
+        let seen = h.listed()
         #expect(Self.outcome(seen) == .ok && Self.found(seen)?.generation == 2, "\(Self.outcome(seen))")
         #expect(Self.found(h.session().lookup(Harness.ref))?.generation == 2)  // the writer agrees
     }
@@ -258,10 +213,10 @@ import KeyholdTestSupport
         try h.sql("VACUUM INTO '\(h.directory)/snapshot.db'")
         let removed: Bool = h.broker.withStore { store in (try? store.delete(item, audit: Harness.record(.delete))) != nil }
         #expect(removed)
-        #expect(Self.outcome(h.session().releaseLookup(Harness.ref)) == .notFound)
+        #expect(Self.outcome(h.listed()) == .notFound)
 
         try h.sql(restoreVaultRowsSQL(from: "\(h.directory)/snapshot.db"))
-        #expect(Self.found(h.session().releaseLookup(Harness.ref))?.id == item.id)  // the reader reads what the file holds
+        #expect(Self.found(h.listed())?.id == item.id)  // the reader reads what the file holds
 
         var request = Request(.get, item: Harness.ref)
         request.allowInteraction = false
@@ -271,7 +226,7 @@ import KeyholdTestSupport
         #expect(h.broker.rollbackRefusal.withLock { $0 } != nil)
         #expect(h.broker.rollbackAnswer(replacing: response)?.outcome == .integrityFailure)
 
-        let viaReader = try #require(h.broker.readReleaseRow(owner: ReleaseGateTests.uid, Harness.ref))
+        let viaReader = h.listed()
         #expect(Self.outcome(viaReader) == .otherError)
         #expect(Self.outcome(viaReader) == Self.outcome(h.session().lookup(Harness.ref)))
         #expect(h.session().get(request).secret == nil)
@@ -279,8 +234,8 @@ import KeyholdTestSupport
         let page = h.broker.longRead { (source) throws(StoreError) in try source.items(owner: ReleaseGateTests.uid, after: nil, limit: 10) }
         guard case .failure(let denial) = page else { Issue.record("a page was read after the rollback"); return }
         #expect(denial.outcome == .otherError)
-        // Nor does an audit verify, which would open a reader of its own.
-        let verified = h.broker.verifyRead(uid: ReleaseGateTests.uid) { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil) }
+        // Nor does an audit verify.
+        let verified = h.broker.longRead { (source) throws(StoreError) in try source.verifyAudit(visibleTo: nil) }
         guard case .failure(let refused) = verified else { Issue.record("the audit was verified after the rollback"); return }
         #expect(refused.outcome == .otherError)
     }

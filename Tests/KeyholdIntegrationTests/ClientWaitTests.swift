@@ -26,10 +26,11 @@ import KeyholdTestSupport
         let clientTID = Atomic<Int32>(0)
         let unordered = Atomic<Int>(0)
         Thread.detachNewThread {
-            let fd = accept(listener, nil, nil)
-            if fd < 0 { return }
-            defer { close(fd) }
             for _ in 0..<requests {
+                // One request per connection, as the broker serves them.
+                let fd = accept(listener, nil, nil)
+                if fd < 0 { return }
+                defer { close(fd) }
                 // The request is there, unread; wait until the client sleeps for the answer.
                 var ready = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
                 guard poll(&ready, 1, 5_000) == 1 else { return }

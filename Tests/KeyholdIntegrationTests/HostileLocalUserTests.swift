@@ -113,28 +113,16 @@ import KeyholdTestSupport
         expectSecret(b.cli(["get", "svc", "mine"], asUser: attacker.name).stdoutText, equals: "s")
     }
 
-    @Test func keptConnectionsAtTheCapMakeRoomForANewcomerOfTheirUser() throws {
-        let user = try TestUser(prefix: "khk")
+    /// Three quarters of a uid's cap (24 of 32) of honest one-shot clients at once, each asking
+    /// again as soon as it has its answer: a connection's slot is free the moment it closes, so
+    /// none of the 600 gets is answered *busy* (before, a closed connection kept its slot while
+    /// the broker waited for its next request: 612 busy in 4 s on this machine).
+    @Test func honestBurstOf24OneShotClientsOfOneUidSeesNoBusy() throws {
+        let user = try TestUser(prefix: "khh")
         let b = try BrokerFixture()
         #expect(b.cli(["put", "svc", "mine"], stdin: Array("s".utf8), asUser: user.name).status == 0)
-        let ready = readyPath(b)
-        // 32 kept connections (the per-uid cap), each asking again well within the keep-alive,
-        // so none is ever let go as idle: before, a 33rd client of that user got busy for good.
-        let done = hostileInBackground(b, ["keptmany", "32", "4", "svc", "mine"], as: user, environment: ["READY_FILE": ready])
-        #expect(waitForFile(ready))
-        let r = b.cli(["get", "svc", "mine"], asUser: user.name)
-        #expect(r.status == 0, "\(r.status) \(r.stderr)")
-        expectSecret(r.stdoutText, equals: "s")
-        let result = done()
-        // The room was made by ending kept connections between requests; every request they
-        // did send was answered (ok, or busy when it raced the end): none failed otherwise.
-        #expect((result["ended"] as? Int ?? 0) + (result["busy"] as? Int ?? 0) >= 1, "\(result)")
-        #expect(result["other"] as? Int == 0 && (result["ok"] as? Int ?? 0) >= 32, "\(result)")
-        // Ending them wrote no entry: one `get` entry for each answered get (theirs and the
-        // CLI's), none for a request answered *busy* for racing the end, none `invalid`.
-        let entries = auditEntries(b).filter { ($0["uid"] as? Int) == Int(user.uid) }
-        #expect(entries.filter { $0["operation"] as? String == "get" }.count == (result["ok"] as? Int ?? 0) + 1, "\(result)")
-        #expect(!entries.contains { $0["operation"] as? String == "invalid" }, "an ended connection was audited as invalid")
+        let counts = hostile(b, ["honest", "24", "25", "svc", "mine"], as: user)
+        #expect(counts.keys.sorted() == ["ok"] && counts["ok"] as? Int == 600, "\(counts)")
     }
 
     @Test func honestBurstOf600ConnectionsSeesNoReset() throws {

@@ -32,40 +32,11 @@ import KeyholdTestSupport
         #expect(after.verified && after.count >= reports.last!.count)
     }
 
-    /// A verify opens its reader at each verify, under the checks every reader is opened with:
-    /// while another file is at the WAL's path (the writer keeps its own), that open is refused,
-    /// the broker logs it, and the verify runs on the shared long-read reader, which still has
-    /// the writer's files, and counts every entry. With the file put back, verifies open their
-    /// own reader again (no second log line).
-    @Test func aVerifyWhoseReaderIsRefusedIsLoggedAndReadOnTheSharedReader() throws {
-        let b = try BrokerFixture()
-        let vault = Vault(socketPath: b.socketPath)
-        for i in 0..<3 { try vault.add(ReaderThroughBrokerTests.bytes("v\(i)"), service: "verify", account: "a\(i)") }
-        let line = "no read-only connection for an audit verify (the file at the vault's path is not the one the broker opened); it runs on the shared long-read reader"
-        let first = try vault.verifyAudit()
-        #expect(first.verified)
-        #expect(!b.brokerLog.contains(line))
-
-        let wal = b.stateDirectory + "/vault.db-wal"
-        #expect(rename(wal, wal + ".real") == 0)
-        #expect(runCommand("/bin/cp", ["-p", wal + ".real", wal]).status == 0)
-        let refused = try vault.verifyAudit()
-        #expect(rename(wal + ".real", wal) == 0)
-        #expect(refused.verified)
-        #expect(refused.count == first.count + 1)  // the first verify's own entry
-        #expect(b.brokerLog.components(separatedBy: line).count == 2, "\(b.brokerLog)")
-
-        let after = try vault.verifyAudit()
-        #expect(after.verified && after.count == first.count + 2)
-        #expect(b.brokerLog.components(separatedBy: line).count == 2)
-    }
-
     /// Two unprivileged accounts and root verify the chain in loops at the same time through
     /// the socket, while a third account lists: every verify is served and intact (a busy
     /// answer, at a bound, is asked again by the client), each verify's entry carries the uid the
     /// kernel gave its connection, and an account's audit shows its own verifies and no one
-    /// else's, and none is *busy*. (That a second verify of one uid, or a third uid's, is *busy* while others are in
-    /// flight is shown in AuditVerifyReaderTests, where a verify can be held open.)
+    /// else's, and none is *busy*.
     @Test func accountsVerifyingAtOnceAreEachServedAndAuditedAsThemselves() throws {
         let (a, c, lister) = (try TestUser(), try TestUser(), try TestUser())
         let b = try BrokerFixture()

@@ -7,7 +7,7 @@ import KeyholdCore
 import KeyholdVault
 import KeyholdTestSupport
 
-/// `get`'s lookup on the broker's read-only connections, through a real broker over its socket:
+/// `get` beside the broker's long-read reader, through a real broker over its socket:
 /// what one client's acknowledged put wrote is what the next get of another client finds; a
 /// policy tightened while gets race it never releases the new secret without authentication;
 /// the WAL stays bounded while readers are in use, and is removed at a clean stop.
@@ -38,7 +38,7 @@ import KeyholdTestSupport
 
     @Test func anAcknowledgedPutIsSeenByTheNextGetOfAnotherClient() throws {
         let b = try BrokerFixture()
-        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 4)  // the writer, two lookup readers, the long-read reader
+        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 2)  // the writer and the long-read reader
         let writer = Vault(socketPath: b.socketPath), reader = Vault(socketPath: b.socketPath)
         for i in 0..<4 { try writer.add(Self.bytes("l\(i)"), service: "load", account: "a\(i)") }
         let stop = Flag()
@@ -136,7 +136,7 @@ import KeyholdTestSupport
     @Test func theWALStaysBoundedWithReadersInUseAndIsRemovedAtStop() throws {
         let b = try BrokerFixture()
         let wal = b.stateDirectory + "/vault.db-wal"
-        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 4)
+        #expect(Self.descriptors(b.process!.processIdentifier, on: b.stateDirectory + "/vault.db") == 2)
         let vault = Vault(socketPath: b.socketPath)
         for i in 0..<4 { try vault.add(Self.bytes("l\(i)"), service: "load", account: "a\(i)") }
         for i in 0..<20 { try vault.add(Self.bytes(String(repeating: "p", count: 3000)), service: "put", account: "p\(i)") }

@@ -1,5 +1,6 @@
 import Testing
 import KeyholdCore
+import KeyholdClient
 @testable import KeyholdProtocol
 
 /// The Secret Service agent's claimed requester pid: carried exactly, refused when not a pid.

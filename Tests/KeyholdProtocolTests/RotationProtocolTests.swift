@@ -1,5 +1,6 @@
 import Testing
 import KeyholdCore
+import KeyholdClient
 @testable import KeyholdProtocol
 import KeyholdTestSupport
 
@@ -42,7 +43,7 @@ import KeyholdTestSupport
 
         let info = ItemInfo(id: "00", service: "s", account: "a", label: "", kind: .refreshToken, policy: "none",
                             allowedExecutables: [], reuseSeconds: 0, createdAt: 1, updatedAt: 2, generation: 4, expires: 99)
-        guard case .items(let items) = try BrokerMessage.decode(BrokerMessage.encodedItemBatches([info])[0]) else { Issue.record("no"); return }
+        guard case .items(let items) = try BrokerMessage.decode(BrokerMessage.items([info]).encode()) else { Issue.record("no"); return }
         #expect(items == [info])
     }
 

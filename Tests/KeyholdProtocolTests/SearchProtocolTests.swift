@@ -1,5 +1,6 @@
 import Testing
 import KeyholdCore
+import KeyholdClient
 @testable import KeyholdProtocol
 
 /// The `search` request (issue 11): a round trip, and every malformed or oversized query refused.

@@ -1,4 +1,5 @@
 import Testing
+import KeyholdClient
 import KeyholdSecretService
 import KeyholdProtocol
 

@@ -1,8 +1,7 @@
 import Glibc
 
 /// A lock that sleeps at once when taken: the store's lock is held across a group commit's
-/// fsync, and `Synchronization.Mutex` spins before it sleeps, which on a 2-core machine burned
-/// a tenth of the broker's CPU in waiters (measured with perf under 64 clients).
+/// fsync, and `Synchronization.Mutex` spins before it sleeps, burning the waiters' CPU.
 final class BlockingMutex<Value>: @unchecked Sendable {
     private let mutex: UnsafeMutablePointer<pthread_mutex_t>
     private var value: Value
@@ -20,13 +19,6 @@ final class BlockingMutex<Value>: @unchecked Sendable {
 
     func withLock<R>(_ body: (Value) throws -> R) rethrows -> R {
         pthread_mutex_lock(mutex)
-        defer { pthread_mutex_unlock(mutex) }
-        return try body(value)
-    }
-
-    /// `body` under the lock if it is free now, else nil without waiting.
-    func withLockIfFree<R>(_ body: (Value) throws -> R) rethrows -> R? {
-        guard pthread_mutex_trylock(mutex) == 0 else { return nil }
         defer { pthread_mutex_unlock(mutex) }
         return try body(value)
     }

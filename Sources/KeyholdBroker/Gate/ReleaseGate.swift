@@ -1,3 +1,25 @@
+// The release gate's rules. Each is held by the test named after it.
+//
+//  1. A caller MUST be the kernel's (`Caller`): no value the client wrote takes part in a
+//     decision. (ReleaseGateTests.allowedExecutablesAreCheckedAgainstTheVerifiedCaller,
+//     PAMGateTests.pamItemsComeFromWhatTheBrokerVerified)
+//  2. An item restricted to executables MUST be refused to any other program, and to one that
+//     may have exec'd since it connected. (PAMGateTests.allowedExecutableAdmitsOnlyThatProgram,
+//     PIDReuseTests.aConnectorWhosePIDTheAllowedProgramTakesIsRefused)
+//  3. A lockout MUST be checked and the attempt reserved before PAM runs; a lockout record that
+//     cannot be read or written MUST refuse. (ReleaseGateTests.attemptIsReservedBeforePAMSoAConcurrentOneIsBusy,
+//     PAMGateLockoutTests.fortyParallelWrongGuessesReachPAMAtMostFiveTimes,
+//     PAMGateLockoutTests.lockoutRecordWriteFailureLocksOut)
+//  4. Without interaction allowed, PAM MUST NOT be reached and nothing is counted.
+//     (ReleaseGateTests.noInteractionNeverReachesPAMOrCounts)
+//  5. A reuse window MUST be scoped to the caller's session (or process), account and clock.
+//     (ReleaseGateTests.reuseWithoutAVisibleSessionIsScopedToTheProcess,
+//     ReleaseGateTests.reuseWindowIsNotSharedAcrossAccounts, PAMGateTests.aProgramExecedIntoDoesNotInheritAProcessWindow)
+//  6. An application password MUST be right, and is never enough alone where the policy asks
+//     more. (ReleaseGateTests.appPasswordRightWrongMissing, PAMGateTests.appPasswordRightWrongAndNotAloneEnough)
+//  7. The gate MUST only decide: it never opens a secret (`Session.release` does, under the
+//     writer). (RequestTableTests.onlyTheReleasingRowsHandOutASecretAndOnlyAfterTheirEntryIsCommitted)
+
 import Glibc
 import Synchronization
 import KeyholdAuth

@@ -1,3 +1,19 @@
+// Who is calling. Each rule is held by the test named after it.
+//
+//  1. The caller MUST be the process the kernel names as the sender of the request's bytes
+//     (`SCM_CREDENTIALS`, `SCM_PIDFD`), read anew for each request, never a value the client
+//     wrote. (HostileLocalUserTests.relayedAndPassedConnectionsAreRefusedAndAuditedWithTheRealSender)
+//  2. A request whose bytes came from another uid than the one that connected MUST be refused
+//     and audited under the sender. (HostileLocalUserTests.requestSentByAnotherUserOnRootsConnectionIsRefused,
+//     ConnectionIdsTests.aProcessWhoseRealAndEffectiveUidsDifferIsRefused)
+//  3. A sender that exited (its pid free for another process) MUST NOT be named as whatever
+//     took its pid. (PIDReuseTests.aSenderWhosePIDAnotherProgramTakesIsNotNamedAsThatProgram,
+//     SenderProcessTests.aSenderThatExitsBeforeItsFactsAreReadHasNone)
+//  4. Facts read on demand MUST be the sender's own, read once. (SenderProcessTests.factsReadLateAreTheSendersOwn,
+//     SenderProcessTests.factsReadOnceStayWhatWasRead)
+//  5. A claim relayed by the Secret Service agent MUST only be recorded, never trusted.
+//     (SecretServiceClaimTests)
+
 import Glibc
 import Synchronization
 import CKeyholdOS

@@ -15,13 +15,13 @@ enum ListenerError: Error, CustomStringConvertible {
     }
 }
 
-/// The Unix socket and its accept loop: one thread per connection (reused, `ParkedThreads`),
-/// so a slow PAM conversation holds up no one else; slots are shared fairly per uid (`ConnectionSlots`).
+/// The Unix socket and its accept loop: one thread per connection, so a slow PAM conversation
+/// holds up no one else; slots are shared fairly per uid (`ConnectionSlots`), and a
+/// connection's slot is given back the moment it is closed.
 enum Listener {
     /// A burst of connections waits in the kernel's queue instead of failing.
     static let backlog: Int32 = 4096
     static let slots = ConnectionSlots()
-    static let threads = ParkedThreads()
 
     static func bind(path: String, mode: UInt32) throws(ListenerError) -> Int32 {
         var st = stat()
@@ -50,9 +50,6 @@ enum Listener {
     }
 
     static func serve(_ listener: Int32, broker: Broker) -> Never {
-        // Without one (no epoll or eventfd), kept connections wait on their threads, as before.
-        let loop = EventLoop(broker: broker, slots: slots, threads: threads)
-        if loop == nil { broker.log("event loop unavailable; kept connections wait on threads") }
         while true {
             let fd = ckh_accept_cloexec(listener)
             if fd < 0 {
@@ -71,9 +68,6 @@ enum Listener {
                 continue
             }
             guard slots.acquire(uid: uid) else {
-                // At its cap: one of its kept connections waiting for a next request makes room,
-                // for this client's retry of the busy answer.
-                slots.makeRoom(uid: uid)
                 broker.budget.suppress(uid: uid)
                 answerBusy(fd)
                 continue
@@ -85,14 +79,12 @@ enum Listener {
             var sendTimeout = timeval(tv_sec: 30, tv_usec: 0)
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &sendTimeout, socklen_t(MemoryLayout<timeval>.size))
             let peer = Peer(fd: fd, pid: pid, uid: uid)
-            let owner = uid
-            let started = threads.run {
-                // Once the event loop took it, the loop closes it.
-                if !Session.serve(fd: fd, peer: peer, broker: broker, slots: slots, loop: loop) {
-                    peer.close()
-                    close(fd)
-                    slots.release(uid: owner)
-                }
+            let hold = SlotHold(slots, uid: uid)
+            let started = DetachedThread.start {
+                Session.serve(fd: fd, peer: peer, broker: broker, hold: hold)
+                peer.close()
+                close(fd)
+                hold.giveBack()
             }
             if !started {
                 peer.close()

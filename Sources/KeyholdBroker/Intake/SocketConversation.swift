@@ -4,14 +4,16 @@ import KeyholdProtocol
 
 /// The release gate's conversation over a caller's socket: notices and prompts as frames, an
 /// answer read within the prompt deadline, and the socket itself as the interrupt (it becomes
-/// readable when the caller cancels or goes away).
+/// readable when the caller cancels or goes away). Without `mayPrompt` (a request the table
+/// says never prompts) it announces nothing and asks nothing: the gate then refuses.
 struct SocketConversation: Conversation {
     let fd: Int32
+    let mayPrompt: Bool
 
     var interruptFD: Int32? { fd }
 
     func announce(_ announcement: Announcement) -> Bool {
-        send(.notice(Notice(announcing: announcement)))
+        mayPrompt && send(.notice(Notice(announcing: announcement)))
     }
 
     func notify(_ style: Notice.Style, _ text: String) -> Bool {
@@ -19,7 +21,7 @@ struct SocketConversation: Conversation {
     }
 
     func ask(_ prompt: Prompt) -> PAMAnswer {
-        guard send(.prompt(prompt)) else { return .cancel }
+        guard mayPrompt, send(.prompt(prompt)) else { return .cancel }
         do throws(FrameError) {
             var reader = TimedFrameReader(fd: fd)
             let ms = Session.Deadlines.answerMilliseconds

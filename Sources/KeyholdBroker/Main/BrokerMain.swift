@@ -118,11 +118,6 @@ public enum BrokerMain {
         umask(0o077)
         // A descriptor per connection (and a pidfd): the slots of `ConnectionSlots` plus room.
         _ = ckh_raise_nofile(8192)
-        // Requests hop between threads (EventLoop's workers, its hand-offs, group leaders), and
-        // glibc gives each thread an arena of its own that keeps what was freed in it: the
-        // resident size grew with every thread that ever wrote (53 MiB at 40,000 items against
-        // 30 MiB with two arenas, docs/BENCHMARKS.md). Two, as measured on the 2-core machine.
-        ckh_limit_malloc_arenas(2)
         signal(SIGPIPE, SIG_IGN)
         // A write past RLIMIT_FSIZE must fail the transaction (→ audit unavailable), not kill us.
         signal(SIGXFSZ, SIG_IGN)

@@ -62,8 +62,13 @@ extension Session {
     func auditVerify(_ request: Request) -> Response {
         let visibleTo: UInt32? = caller.uid == 0 ? nil : caller.uid
         var r: Response
-        // On a reader of its own, one per uid at a time (busy beyond: audited below as any denial).
-        switch broker.verifyRead(uid: caller.uid, { (source) throws(StoreError) in try source.verifyAudit(visibleTo: visibleTo) }) {
+        // On the long-read reader, one per uid at a time (busy beyond: audited as any denial), so
+        // one user's verifies cannot queue ahead of every other user's long reads.
+        guard broker.verifying.reserve(caller.uid) else {
+            return deny(request, .auditVerify, item: nil, Denial(.busy, "another audit verify of this user is in flight; try again when it ends"))
+        }
+        defer { broker.verifying.release(caller.uid) }
+        switch broker.longRead({ (source) throws(StoreError) in try source.verifyAudit(visibleTo: visibleTo) }) {
         case .failure(let d): return deny(request, .auditVerify, item: nil, d)
         case .success(let answer):
             switch answer.verification {
@@ -80,9 +85,9 @@ extension Session {
         return r
     }
 
-    /// Removes entries up to a time, leaving a checkpoint. Root only: the log is everyone's.
+    /// Removes entries up to a time, leaving a checkpoint. Root only (the request table): the
+    /// log is everyone's.
     func auditPrune(_ request: Request) -> Response {
-        guard caller.uid == 0 else { return deny(request, .auditPrune, item: nil, Denial(.notAuthorized, "only root may prune the audit log")) }
         guard let until = request.until else { return deny(request, .auditPrune, item: nil, Denial(.usage, "prune needs --until")) }
         let record = event(request, .auditPrune, decision: .granted, outcome: .ok).record()
         // Audit, then act, like every other operation: nothing to prune is still one entry.
@@ -105,11 +110,8 @@ extension Session {
 
     /// An export that verifies on its own: its header, then every entry from the chain's start
     /// (genesis or the checkpoint) through the newest at or before `until`, each with its row
-    /// bytes and MACs. Root only: the rows carry every user's entries.
+    /// bytes and MACs. Root only (the request table): the rows carry every user's entries.
     func auditExport(_ request: Request) -> Response {
-        guard caller.uid == 0 else {
-            return deny(request, .auditExport, item: nil, Denial(.notAuthorized, "only root may export the audit log"))
-        }
         // The range is fixed before this request's own entry is written, so that entry is not
         // part of the export (it follows it in the chain).
         let prepared: Result<AuditExportHeader, Denial> = broker.withStore { store in

@@ -165,6 +165,6 @@ extension Session {
 
     /// The caller's own account password (stack keyhold-passcode), counted like any attempt.
     func ownerPassword(_ ref: ItemReference, _ request: Request) -> Result<AuthMethod, Denial> {
-        broker.gate.authorizeOwner(of: ref, caller: caller, request: request, via: SocketConversation(fd: fd), store: broker)
+        broker.gate.authorizeOwner(of: ref, caller: caller, request: request, via: conversation, store: broker)
     }
 }

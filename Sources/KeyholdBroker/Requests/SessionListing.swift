@@ -71,13 +71,7 @@ extension Session {
                      reuseSeconds: i.access.reuseSeconds, createdAt: i.createdAt, updatedAt: i.updatedAt,
                      generation: i.generation, expires: i.expires)
         }
-        for payload in BrokerMessage.encodedItemBatches(infos) {
-            do throws(FrameError) {
-                try Frame.write(payload, to: fd)
-            } catch {
-                return false
-            }
-        }
+        for batch in BrokerMessage.itemBatches(infos) where !send(batch) { return false }
         return true
     }
 

@@ -32,7 +32,7 @@ extension Session {
         let item: StoredItem, granted: Authorization
         switch decideRelease(request) {
         case .answered(let response): return response
-        case .granted(let r, let a): (item, granted) = (r.item, a)
+        case .granted(let i, let a): (item, granted) = (i, a)
         }
         defer { granted.wipe() }
         let method = granted.method, appPassword = granted.appPassword

@@ -1,24 +1,19 @@
 import CSodium
 
 /// Bytes that may be secret: held in `sodium_malloc` memory (guard pages, mlock where the
-/// limit allows), wiped on deinit and then freed or kept wiped for reuse (`SecureRegionPool`).
+/// limit allows), wiped and freed on deinit.
 /// Never printed: `description` hides the bytes.
 public final class SecureBytes: @unchecked Sendable, CustomStringConvertible {
     public let count: Int
     private let pointer: UnsafeMutableRawPointer
-    /// The `sodium_malloc` region `pointer` lies in (it ends where the region ends, so the guard
-    /// page after it still catches an overrun), and its size class; -1 when not pooled.
-    private let region: UnsafeMutableRawPointer
-    private let sizeClass: Int
 
     /// Zeroed guarded memory of `count` bytes (a 0-byte buffer still gets a valid pointer).
     public init(count: Int) {
         Sodium.ready()
         precondition(count >= 0)
-        let (region, sizeClass, capacity) = SecureRegionPool.take(count: max(count, 1))
-        self.region = region
-        self.sizeClass = sizeClass
-        self.pointer = region + (capacity - max(count, 1))
+        // sodium_malloc places the bytes against the guard page that follows them.
+        guard let p = sodium_malloc(max(count, 1)) else { fatalError("sodium_malloc failed") }
+        self.pointer = p
         sodium_memzero(pointer, max(count, 1))
         self.count = count
     }
@@ -43,8 +38,7 @@ public final class SecureBytes: @unchecked Sendable, CustomStringConvertible {
     }
 
     deinit {
-        sodium_memzero(pointer, max(count, 1))
-        SecureRegionPool.give(region, sizeClass: sizeClass)  // sodium_free zeroes again before freeing
+        sodium_free(pointer)  // zeroes before freeing
     }
 
     public func withUnsafeBytes<R, E: Error>(_ body: (UnsafeRawBufferPointer) throws(E) -> R) throws(E) -> R {

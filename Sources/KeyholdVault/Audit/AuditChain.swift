@@ -101,15 +101,14 @@ extension VaultStore {
 
     struct Head { var seq: Int64; var mac: [UInt8]; var tag: [UInt8] }
 
-    /// The head, written first if a group commit's plain entries deferred it (HeadDeferral).
-    func readHead() throws(DatabaseError) -> Head? {
-        try flushDeferredHead()
-        return try storedHead()
+    /// The newest stored entry's seq and MAC (where the chain continues when the head row is gone).
+    func newestEntry() throws(DatabaseError) -> (seq: Int64, mac: [UInt8])? {
+        try db.withStatement("SELECT seq, mac FROM audit ORDER BY seq DESC LIMIT 1") { (s) throws(DatabaseError) in
+            try s.step() ? (s.int64(0), s.blob(1)) : nil
+        }
     }
 
-    /// The head row as stored: inside a deferring group commit, the head at the group's start
-    /// (or at its last item change), which the generation record's tag still names.
-    func storedHead() throws(DatabaseError) -> Head? {
+    func readHead() throws(DatabaseError) -> Head? {
         try db.withStatement("SELECT seq, mac, head_tag FROM audit_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? Head(seq: s.int64(0), mac: s.blob(1), tag: s.blob(2)) : nil
         }
@@ -128,10 +127,7 @@ extension VaultStore {
             // Continue from the head; if the head row was removed, from the newest row, so the
             // log keeps growing and `verifyAudit` reports the damage.
             var previous: (seq: Int64, mac: [UInt8])
-            let deferred = try defersHead()
-            if deferred, let newest = try newestEntry() {
-                previous = newest
-            } else if let head = try readHead() {
+            if let head = try readHead() {
                 previous = (head.seq, head.mac)
             } else {
                 previous = try newestEntry() ?? (0, genesisMAC)
@@ -144,7 +140,7 @@ extension VaultStore {
                 e.append(optional: r.account)
                 e.append(optional: r.reason)
                 details = e.bytes.withUnsafeBytes {
-                    SealedBox.seal($0, using: attributeKey, authenticating: Self.detailsAD(seq: seq), nonce: auditNonces.next())
+                    SealedBox.seal($0, using: attributeKey, authenticating: Self.detailsAD(seq: seq))
                 }.combined
             }
             let fields = AuditFields(time: r.time, uid: Int64(r.callerUID), pid: Int64(r.callerPID),
@@ -172,9 +168,7 @@ extension VaultStore {
                 try s.bind(13, blob: mac)
                 try s.step()
             }
-            newestWritten = db.writeSnapshot.map { ($0, seq, mac) }
-            // An item change tags its generation digest with its own entry at once.
-            if !deferred || generationDigest != nil { try writeHead(seq: seq, mac: mac, generationDigest: generationDigest) }
+            try writeHead(seq: seq, mac: mac, generationDigest: generationDigest)
         } catch {
             throw .auditWriteFailed
         }
@@ -219,10 +213,6 @@ extension VaultStore {
             }
             let head = try readHead()
             let headValid = head.map { KeyedHash.equal($0.tag, headTag(seq: $0.seq, mac: $0.mac)) } ?? false
-            // Fast path on every core (AuditChainScan.swift); anything else is diagnosed below.
-            if let head, headValid, auditChainIntact(start: start, head: (head.seq, head.mac)) {
-                return .intact(count: head.seq - start.seq)
-            }
 
             var expected = start.seq + 1
             var previous = start.mac
@@ -301,10 +291,7 @@ extension VaultStore {
         return try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) -> Int64 in
             let removed: Int64
             do throws(DatabaseError) {
-                // The entries it removes may include the newest, which a deferred head names.
-                try flushDeferredHead()
                 guard let row = try auditRow(seq: throughSeq) else { throw DatabaseError(code: 12 /* SQLITE_NOTFOUND */) }
-                newestWritten = nil
                 removed = try db.withStatement("DELETE FROM audit WHERE seq <= ?1") { (s) throws(DatabaseError) -> Int64 in
                     try s.bind(1, throughSeq)
                     try s.step()

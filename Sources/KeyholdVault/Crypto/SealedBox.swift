@@ -22,30 +22,6 @@ public struct Nonce: Sendable, Equatable {
     fileprivate init(unchecked: [UInt8]) { self.bytes = unchecked }
 }
 
-/// Random nonces drawn from the system's generator a block at a time: one `randombytes_buf` (a
-/// `getrandom` call) per 64 nonces instead of one each, for the writer's audit entries, whose
-/// sealing runs once per entry under the store lock that every queued caller waits for. Each
-/// nonce is as random as `Nonce.random()`'s, handed out once, and zeroed in the pool when taken;
-/// not thread-safe (one store's, used under its lock).
-struct NoncePool {
-    private static let perDraw = 64
-    private var pool = [UInt8](repeating: 0, count: perDraw * Nonce.byteCount)
-    private var taken = perDraw
-
-    mutating func next() -> Nonce {
-        if taken == Self.perDraw {
-            Sodium.ready()
-            pool.withUnsafeMutableBytes { randombytes_buf($0.baseAddress!, $0.count) }
-            taken = 0
-        }
-        let range = (taken * Nonce.byteCount)..<((taken + 1) * Nonce.byteCount)
-        let nonce = Nonce(unchecked: Array(pool[range]))
-        pool.replaceSubrange(range, with: repeatElement(0, count: Nonce.byteCount))
-        taken += 1
-        return nonce
-    }
-}
-
 /// An XChaCha20-Poly1305-IETF box, stored as nonce ‖ ciphertext ‖ tag.
 public struct SealedBox: Sendable, Equatable {
     public static let tagByteCount = Int(crypto_aead_xchacha20poly1305_ietf_ABYTES)

@@ -30,50 +30,11 @@ public struct DatabaseError: Error, Equatable, Sendable, CustomStringConvertible
 /// SQLITE_TRANSIENT: SQLite copies bound bytes, so callers' buffers may go away at once.
 let transient = csqlite_transient()
 
-/// Process-wide SQLite settings, applied once before the first connection (a Swift global is
-/// initialised once, thread-safely, on first use).
-let sqliteLibraryConfigured: Void = { _ = csqlite_memstatus_off() }()
-
 /// A small SQLite connection wrapper. Not thread-safe by design (opened NOMUTEX): the
 /// broker serialises every store call behind one lock.
 public final class Database {
     private var handle: OpaquePointer?
     private var cache: [String: Statement] = [:]
-    /// The table whose row changes this connection counts (`watchRows`), if any.
-    private var rowWatch: RowsVersion?
-    /// Moves whenever a write transaction begins or ends and whenever anything may have undone
-    /// writes (a rollback, a rollback to a savepoint, a statement that failed): `writeSnapshot`.
-    private var stateSerial: UInt64 = 0
-    private var inWriteTransaction = false
-
-    /// Inside a write transaction: a value that stays the same exactly while nothing this
-    /// connection wrote since it was taken has been undone, and no other connection can have
-    /// committed (the write lock is held). nil outside one. What was read and checked under one
-    /// value is still what the database holds while it is unchanged, apart from this
-    /// connection's own later writes.
-    public var writeSnapshot: UInt64? { inWriteTransaction && isInTransaction ? stateSerial : nil }
-
-    private func beganWriteTransaction() {
-        inWriteTransaction = true
-        stateSerial &+= 1
-        noticeOtherCommits()
-    }
-
-    /// `PRAGMA data_version` when the watched version last took account of it.
-    private var seenDataVersion: Int64?
-
-    /// Moves the watched version when another connection (another process, a file put in the
-    /// vault's place by SQLite's rules) has committed since this check last ran: the update hook
-    /// sees only this connection's changes. Run at the start of each write transaction, which
-    /// holds the write lock, so no other commit can come before it ends. When the pragma cannot
-    /// be read the version moves too: a failed check never leaves a row looking current.
-    private func noticeOtherCommits() {
-        guard let rowWatch else { return }
-        let now = try? dataVersion()
-        if now == nil || now != seenDataVersion { csqlite_rows_changed_elsewhere(rowWatch.watch) }
-        seenDataVersion = now
-    }
-
     /// `PRAGMA data_version`: moves when another connection has committed.
     func dataVersion() throws(DatabaseError) -> Int64 {
         try withStatement("PRAGMA data_version") { (s) throws(DatabaseError) in try s.step() ? s.int64(0) : 0 }
@@ -82,7 +43,6 @@ public final class Database {
     /// Opens an existing file (the store creates it itself, so the mode is not left to the
     /// umask). Symlinks are refused.
     public init(path: String, create: Bool = false, readOnly: Bool = false) throws(DatabaseError) {
-        sqliteLibraryConfigured
         var flags = SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_NOFOLLOW
         flags |= readOnly ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE
         if create { flags |= SQLITE_OPEN_CREATE }
@@ -115,38 +75,11 @@ public final class Database {
         }
     }
 
-    /// The raw connection, for the audit chain's fast scan (AuditChainScan.swift), which reads
-    /// rows straight from SQLite's column memory; nil once closed.
-    func withHandle<R>(_ body: (OpaquePointer) -> R) -> R? {
-        handle.map(body)
-    }
-
     /// Runs one or more statements without results (schema, pragmas that return nothing).
     public func execute(_ sql: String) throws(DatabaseError) {
         let h = try db
         let rc = sqlite3_exec(h, sql, nil, nil, nil)
-        settleRows()
-        stateSerial &+= 1  // whatever it ran
-        if sqlite3_get_autocommit(h) != 0 { inWriteTransaction = false }
         guard rc == SQLITE_OK else { throw DatabaseError(code: sqlite3_extended_errcode(h)) }
-    }
-
-    /// From now on, counts the changes this connection makes to the rows of `table` (one table
-    /// per connection): the version it returns moves with every change that commits here, and
-    /// is odd while one is uncommitted (csqlite_watch_rows). Changes made by other connections
-    /// are not counted.
-    public func watchRows(of table: String) throws(DatabaseError) -> RowsVersion {
-        let h = try db
-        let watch = RowsVersion(table: table)
-        rowWatch = watch
-        csqlite_watch_rows(h, watch.watch)
-        seenDataVersion = try? dataVersion()
-        return watch
-    }
-
-    /// Makes the watched version even once no transaction is open (after every statement).
-    private func settleRows() {
-        if let rowWatch, let handle, sqlite3_get_autocommit(handle) != 0 { csqlite_rows_settled(rowWatch.watch) }
     }
 
     /// One transaction-control statement (BEGIN, COMMIT, SAVEPOINT …), prepared once and kept:
@@ -167,18 +100,8 @@ public final class Database {
                                            _ body: (Statement) throws(E) -> R) throws(E) -> R {
         let statement: Statement
         do { statement = try prepared(sql) } catch { throw mapError(error) }
-        defer {
-            statement.reset()
-            settleRows()
-            if inWriteTransaction, let handle, sqlite3_get_autocommit(handle) != 0 {
-                inWriteTransaction = false
-                stateSerial &+= 1
-            }
-        }
-        do { return try body(statement) } catch {
-            stateSerial &+= 1  // a failed statement may have undone its own writes, or more
-            throw error
-        }
+        defer { statement.reset() }
+        return try body(statement)
     }
 
     public func withStatement<R>(_ sql: String, _ body: (Statement) throws(DatabaseError) -> R) throws(DatabaseError) -> R {
@@ -205,7 +128,6 @@ public final class Database {
                                          _ body: () throws(E) -> R) throws(E) -> R {
         if isInTransaction { return try savepoint(mapError: mapError, body) }
         do { try control("BEGIN IMMEDIATE") } catch { throw mapError(error) }
-        beganWriteTransaction()
         let result: R
         do {
             result = try body()
@@ -251,7 +173,6 @@ public final class Database {
         } catch {
             try? control("ROLLBACK TO nested")
             try? control("RELEASE nested")
-            stateSerial &+= 1
             throw error
         }
         do { try control("RELEASE nested") } catch { throw mapError(error) }
@@ -264,7 +185,6 @@ public final class Database {
     /// rolled back.
     public func groupTransaction(_ body: () -> Bool) -> Bool {
         do { try control("BEGIN IMMEDIATE") } catch { return false }
-        beganWriteTransaction()
         guard body() else {
             try? control("ROLLBACK")
             return false

@@ -34,16 +34,6 @@ extension VaultStore {
             generation = s.int64(12)
             expires = s.isNull(13) ? nil : s.int64(13)
         }
-
-        /// Whether the row `s` stands on is this row, column for column as `init(_:)` reads it,
-        /// compared where SQLite holds it (the writer's confirmation of a release: no copy).
-        func isStored(in s: Statement) -> Bool {
-            s.blobIs(0, id) && s.int64(1) == owner && s.blobIs(2, lookup) && s.int64(3) == kind && s.textIs(4, policy)
-                && s.blobIs(5, allowedExecutables) && s.int64(6) == reuseSeconds && s.optionalBlobIs(7, biometryState)
-                && s.optionalBlobIs(8, passwordHashing) && s.blobIs(9, attributes) && s.int64(10) == createdAt
-                && s.int64(11) == updatedAt && s.int64(12) == generation
-                && (s.isNull(13) ? expires == nil : expires == s.int64(13))
-        }
     }
 
     /// Checks a row and opens its attributes. Every inconsistency is `.integrity`.
@@ -56,8 +46,8 @@ extension VaultStore {
         guard let id = ItemID(bytes: row.id),
               let owner = UInt32(exactly: row.owner),
               let kindRaw = UInt8(exactly: row.kind), let kind = ItemKind(rawValue: kindRaw),
-              let policy = cachedPolicy(row.policy),
-              let executables = cachedExecutables(row.allowedExecutables),
+              let policy = try? Policy(parsing: row.policy), policy.description == row.policy,
+              let executables = Self.decodeExecutables(row.allowedExecutables),
               let reuse = UInt32(exactly: row.reuseSeconds), reuse <= Limits.maxReuseSeconds,
               row.biometryState.map({ $0.count == KeyedHash.byteCount }) ?? true
         else { throw .integrity }
@@ -93,23 +83,6 @@ extension VaultStore {
                           access: access, biometryState: row.biometryState, createdAt: row.createdAt,
                           updatedAt: row.updatedAt, passwordHashing: passwordHashing, generation: generation,
                           expires: row.expires)
-    }
-
-    func cachedPolicy(_ text: String) -> Policy? {
-        if let p = policyCache[text] { return p }
-        guard let p = try? Policy(parsing: text), p.description == text else { return nil }
-        if policyCache.count < 256 { policyCache[text] = p }
-        return p
-    }
-
-    static let noExecutables = encodeExecutables([])
-
-    func cachedExecutables(_ raw: [UInt8]) -> [String]? {
-        if raw == Self.noExecutables { return [] }
-        if let e = executablesCache[raw] { return e }
-        guard let e = Self.decodeExecutables(raw) else { return nil }
-        if executablesCache.count < 256 { executablesCache[raw] = e }
-        return e
     }
 
     static func encodeExecutables(_ paths: [String]) -> [UInt8] {

@@ -77,33 +77,6 @@ public final class Statement {
 
     public func optionalBlob(_ column: Int32) -> [UInt8]? { isNull(column) ? nil : blob(column) }
 
-    /// Whether `blob(column)` would equal `bytes`, without copying the column.
-    func blobIs(_ column: Int32, _ bytes: [UInt8]) -> Bool {
-        let n = Int(sqlite3_column_bytes(stmt, column))
-        guard n == bytes.count else { return false }
-        guard n > 0 else { return true }
-        guard let p = sqlite3_column_blob(stmt, column) else { return false }
-        return bytes.withUnsafeBytes { memcmp(p, $0.baseAddress!, n) == 0 }
-    }
-
-    /// Whether `optionalBlob(column)` would equal `bytes`.
-    func optionalBlobIs(_ column: Int32, _ bytes: [UInt8]?) -> Bool {
-        guard let bytes else { return isNull(column) }
-        return !isNull(column) && blobIs(column, bytes)
-    }
-
-    /// Whether the column's text is byte for byte `text` (stricter than comparing `text(column)`,
-    /// which repairs invalid UTF-8).
-    func textIs(_ column: Int32, _ text: String) -> Bool {
-        guard let p = sqlite3_column_text(stmt, column) else { return text.isEmpty }
-        let n = Int(sqlite3_column_bytes(stmt, column))
-        let utf8 = text.utf8
-        guard utf8.count == n else { return false }
-        guard n > 0 else { return true }
-        return utf8.withContiguousStorageIfAvailable { memcmp(p, $0.baseAddress!, n) == 0 }
-            ?? Array(utf8).withUnsafeBytes { memcmp(p, $0.baseAddress!, n) == 0 }
-    }
-
     public func text(_ column: Int32) -> String {
         guard let p = sqlite3_column_text(stmt, column) else { return "" }
         let n = Int(sqlite3_column_bytes(stmt, column))

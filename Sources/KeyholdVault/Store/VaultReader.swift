@@ -1,16 +1,12 @@
 import Glibc
 import KeyholdCore
 
-/// A read-only second connection to the broker's vault file, for the item lookup a release is
-/// decided on, and for the reads a caller can make long (`LongReads`). The broker's store lock
-/// is held across each group commit and its fsync; in WAL mode this connection reads the last
-/// committed state meanwhile, so lookups need not wait, and a long read never holds the store
-/// that releases wait for.
-///
-/// A lookup only finds what the release gate decides on: before a secret leaves, the writer
-/// confirms under its lock that the row is still byte for byte the one read, or reads it again
-/// and refuses unless it still carries the same access (`VaultStore.openConfirmed`). Not
-/// thread-safe: the broker keeps each reader behind its own lock.
+/// A read-only second connection to the broker's vault file, for the reads a caller can make
+/// long (`LongReads`: list, search, audit pages, audit verify). The broker's store lock is held
+/// across each group commit and its fsync; in WAL mode this connection reads the last committed
+/// state meanwhile, so a long read never holds the store that releases wait for. It opens no
+/// secret: `LongReads` has no read that does. Not thread-safe: the broker keeps it behind its
+/// own lock.
 public final class VaultReader {
     private let store: VaultStore
 
@@ -22,34 +18,12 @@ public final class VaultReader {
     /// put in the vault's place. The first read is part of the open because SQLite opens the WAL
     /// by path only then; the reader keeps what it opened, whatever the paths name later.
     public static func open(for writer: VaultStore) throws(StoreError) -> sending VaultReader {
-        try open(writer.readerSeed)
-    }
-
-    /// `open(for:)` from the writer's seed, taken earlier: the same checks, without the writer,
-    /// which the broker uses only under its store lock (an `audit verify` opens its own reader
-    /// while that lock may be held).
-    public static func open(_ seed: VaultStore.ReaderSeed) throws(StoreError) -> sending VaultReader {
+        let seed = writer.readerSeed
         // The writer could not name its files at open: nothing to compare a reader's with.
         guard !seed.fileIdentities.isEmpty else { throw .io(code: ENODATA) }
         let path = seed.stateDirectory + "/" + StateDirectory.databaseFileName
         let db = try StateDirectory.openReader(path, expecting: seed.fileIdentities)
         return VaultReader(store: VaultStore(reader: seed, db: db))
-    }
-
-    /// `VaultStore.item(owner:service:account:)` read on this connection, with the same checks
-    /// (the row opens under the vault key, names and owner match, its generation is the one the
-    /// authenticated generation record holds). One read transaction: the row and the record come
-    /// from one snapshot, and the snapshot is let go before this returns.
-    public func item(owner: UInt32, service: String, account: String) throws(StoreError) -> StoredItem? {
-        try releaseRow(owner: owner, service: service, account: account)?.item
-    }
-
-    /// `item(owner:service:account:)` with the sealed row it came from (`ReleaseRow`), in the
-    /// same one read transaction.
-    public func releaseRow(owner: UInt32, service: String, account: String) throws(StoreError) -> ReleaseRow? {
-        try store.db.readTransaction(mapError: StoreError.from) { () throws(StoreError) in
-            try store.releaseRow(owner: owner, service: service, account: account)
-        }
     }
 
     /// One page of `VaultStore.items(owner:after:limit:)`, in one read transaction.

@@ -1,4 +1,3 @@
-import Synchronization
 import KeyholdCore
 
 /// Item generations: an older copy of an item's row does not open.
@@ -19,39 +18,12 @@ final class GenerationRecord {
     var generations: [ItemID: UInt64]
     var digest: [UInt8]
     var dataVersion: Int64
-    /// The writer's `Database.writeSnapshot` under which this record was last found to be the
-    /// stored one: while it is unchanged, nothing can have made them differ (the record follows
-    /// this connection's own writes, `commitGeneration`), so a group's later members skip the
-    /// re-read.
-    var confirmedIn: UInt64?
 
     init(generations: [ItemID: UInt64], digest: [UInt8], dataVersion: Int64) {
         self.generations = generations
         self.digest = digest
         self.dataVersion = dataVersion
     }
-}
-
-/// The writer's verified record as of its last change, for its readers (`VaultReader`). A reader
-/// whose record no longer matches the stored digest (the writer changed an item) takes this copy
-/// when the stored digest, tagged for the current audit head, is its digest; otherwise it reads
-/// and hashes the whole record itself. The dictionary is shared copy-on-write, so publishing
-/// costs the writer one copy of it at its next change (no hashing), where each reader reading
-/// the whole record again cost a keyed hash per item after every item write (17 ms at 10,000
-/// items in the benchmark's CLI get after a put).
-final class PublishedGenerations: Sendable {
-    struct Snapshot: Sendable {
-        let generations: [ItemID: UInt64]
-        let digest: [UInt8]
-    }
-    private let slot = Mutex<Snapshot?>(nil)
-
-    func publish(_ record: GenerationRecord) {
-        let snapshot = Snapshot(generations: record.generations, digest: record.digest)
-        slot.withLock { $0 = snapshot }
-    }
-
-    var current: Snapshot? { slot.withLock { $0 } }
 }
 
 /// What the store knows of the generation record since it last looked.
@@ -90,17 +62,13 @@ extension VaultStore {
     /// head (rows of `item_generation` or its head altered, removed or put back).
     func verifiedGenerations() throws(StoreError) -> GenerationRecord {
         do throws(DatabaseError) {
-            if case .verified(let r) = generationState, let now = db.writeSnapshot, r.confirmedIn == now { return r }
             let version = try db.dataVersion()
             switch generationState {
             case .verified(let r) where r.dataVersion == version:
                 // Inside a group commit a change can be undone after this copy followed it (a
                 // member's savepoint or the whole group rolled back): the stored digest then
                 // differs, and the record is read again.
-                if try storedGenerationDigest() == r.digest {
-                    r.confirmedIn = db.writeSnapshot
-                    return r
-                }
+                if try storedGenerationDigest() == r.digest { return r }
             case .verified(let r) where isReader:
                 // A reader sees each of the writer's commits (every request's audit entry) as
                 // another connection's, so re-reading and re-hashing the whole record on each
@@ -113,21 +81,11 @@ extension VaultStore {
             case .broken(let v) where v == version: throw DatabaseError.generationMismatch
             default: break
             }
-            // A reader after an item write: the writer's record, when the stored digest tagged
-            // for the current audit head is its digest (the writer verified that set and kept
-            // its digest as it changed it), instead of hashing every item again.
-            if isReader, let published = publishedGenerations.current, try headVouches(for: published.digest) {
-                let record = GenerationRecord(generations: published.generations, digest: published.digest, dataVersion: version)
-                generationState = .verified(record)
-                return record
-            }
             guard let record = try loadGenerations(dataVersion: version) else {
                 generationState = .broken(dataVersion: version)
                 throw DatabaseError.generationMismatch
             }
             generationState = .verified(record)
-            record.confirmedIn = db.writeSnapshot
-            if !isReader { publishedGenerations.publish(record) }
             return record
         } catch {
             throw error == .generationMismatch ? StoreError.integrity : StoreError.from(error)
@@ -146,7 +104,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try storedHead() else { return false }
+        guard let stored, let head = try readHead() else { return false }
         return KeyedHash.equal(stored.digest, digest)
             && KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
     }
@@ -171,7 +129,7 @@ extension VaultStore {
             "SELECT digest, tag FROM item_generation_head WHERE id = 1") { (s) throws(DatabaseError) in
             try s.step() ? (s.blob(0), s.blob(1)) : nil
         }
-        guard let stored, let head = try storedHead(),
+        guard let stored, let head = try readHead(),
               KeyedHash.equal(stored.digest, digest),
               KeyedHash.equal(stored.tag, generationHeadTag(digest: digest, auditSeq: head.seq, auditMAC: head.mac))
         else { return nil }
@@ -236,7 +194,6 @@ extension VaultStore {
     func commitGeneration(_ id: ItemID, _ new: UInt64?, digest: [UInt8], record: GenerationRecord) {
         record.generations[id] = new
         record.digest = digest
-        publishedGenerations.publish(record)
     }
 
     /// First open after migration 2: tag the record the migration filled (every existing item

@@ -7,7 +7,12 @@ extension VaultStore {
     /// The item of `owner` with these names, or nil. A row that does not open, or whose
     /// names or owner differ from the request, is `.integrity`: never another item.
     public func item(owner: UInt32, service: String, account: String) throws(StoreError) -> StoredItem? {
-        try releaseRow(owner: owner, service: service, account: account)?.item
+        guard service.utf8.count <= Limits.maxTextBytes, account.utf8.count <= Limits.maxTextBytes else { throw .tooLarge }
+        let lookup = BlindIndex(key: blindIndexKey, owner: owner, service: service, account: account)
+        guard let (row, _, _) = try sealedRow(lookup: lookup.bytes) else { return nil }
+        let item = try decode(row, generations: try verifiedGenerations())
+        guard item.owner == owner, item.service == service, item.account == account else { throw .integrity }
+        return item
     }
 
     /// Where the next page of a listing starts (opaque to callers).

@@ -34,13 +34,10 @@ extension VaultStore {
 
     // MARK: Audit
 
-    /// Appends one audit entry, committed durably on return. Any failure is `.auditWriteFailed`.
-    /// Inside a group commit whose plain entries leave the head to its end (`HeadDeferral`), an
-    /// entry is one INSERT, and SQLite undoes a failed statement by itself: it needs no nested
-    /// transaction of its own (two statements fewer for the leader, per member).
+    /// Appends one audit entry, committed durably on return (inside a group commit: with the
+    /// group's commit). Any failure is `.auditWriteFailed`.
     public func append(_ audit: AuditRecord) throws(StoreError) {
         try checkAuditSize(audit)
-        if (try? defersHead()) == true { return try writeAudit(audit) }
         try db.transaction(mapError: { _ in StoreError.auditWriteFailed }) { () throws(StoreError) in
             try writeAudit(audit)
         }

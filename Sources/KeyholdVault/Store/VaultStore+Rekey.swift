@@ -32,8 +32,7 @@ extension VaultStore {
         let target = VaultStore(reader: ReaderSeed(
             wrappingKey: newKey.wrappingKey, attributeKey: newKey.attributeKey, blindIndexKey: newKey.blindIndexKey,
             auditKey: newKey.auditKey, generationKey: newKey.generationKey, searchKey: newKey.searchKey, fileIdentities: [],
-            stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations(),
-            itemRowsVersion: nil), db: scratch)
+            stateDirectory: stateDirectory, passwordHashing: passwordHashing), db: scratch)
         try checkAuditSize(audit)
         try db.transaction(mapError: { StoreError.from($0) }) { () throws(StoreError) in
             try writeAudit(audit)

@@ -5,7 +5,7 @@ import KeyholdCore
 /// `vault.db` (SQLite, WAL, synchronous=FULL).
 ///
 /// Not Sendable and not thread-safe: the broker serialises every call behind one lock (its
-/// lookups for a release may use a `VaultReader` instead, each behind its own lock).
+/// long reads may use a `VaultReader` instead, behind its own lock).
 /// Every mutating call writes its change and its audit entry in one transaction, so both land
 /// or neither does; a call that returns has been committed durably (it survives kill -9).
 public final class VaultStore {
@@ -18,16 +18,6 @@ public final class VaultStore {
     let searchKey: MACKey
     /// The verified record of each item's current generation (VaultStore+Generation).
     var generationState: GenerationState = .unknown
-    /// Whether plain audit entries leave the head row to the end of the group commit they are in
-    /// (VaultStore+Group.swift).
-    var headDeferral: HeadDeferral = .off
-    /// The entry this connection appended last, with the `Database.writeSnapshot` it was written
-    /// under: the newest entry while that value holds (VaultStore+Group.swift, `newestEntry`).
-    var newestWritten: (snapshot: UInt64, seq: Int64, mac: [UInt8])?
-    /// The nonces of audit entries' sealed details (`NoncePool`).
-    var auditNonces = NoncePool()
-    /// The writer's record as of its last change, shared with its readers (the writer's own).
-    let publishedGenerations: PublishedGenerations
     /// Argon2id limits for new app-password items (`AppPasswordKey.sealing`).
     public let passwordHashing: PasswordHashStrength
     public let stateDirectory: String
@@ -37,26 +27,17 @@ public final class VaultStore {
     /// A reader's store (VaultReader): it never writes, and sees the writer's commits as another
     /// connection's (VaultStore+Generation).
     let isReader: Bool
-    /// Parsed policy texts and executable lists, so listing many items parses each distinct
-    /// value once. Bounded; only values that parsed are kept.
-    var policyCache: [String: Policy] = [:]
-    var executablesCache: [[UInt8]: [String]] = [:]
-    /// The writer's: moves with every change to a row of `items` that commits, its own at once
-    /// and another connection's when its next write transaction begins (`RowsVersion`), so a
-    /// row read earlier is known to be current while it has not moved. A reader's store holds
-    /// its writer's, to date the rows it reads (`ReleaseRow.readUnder`).
-    public private(set) var itemRowsVersion: RowsVersion?
 
     /// The schema version this code writes (the last `-- migrate:N` of schema.sql).
     public static var schemaVersion: Int64 { Schema.knownVersion }
     static let formatName = "keyhold-vault"
 
-    /// The writer's store: its keys from `key`, a new record of generations to publish.
+    /// The writer's store: its keys from `key`.
     private convenience init(db: Database, key: VaultKey, stateDirectory: String, passwordHashing: PasswordHashStrength) {
         self.init(db: db, isReader: false, ReaderSeed(
             wrappingKey: key.wrappingKey, attributeKey: key.attributeKey, blindIndexKey: key.blindIndexKey, auditKey: key.auditKey,
             generationKey: key.generationKey, searchKey: key.searchKey, fileIdentities: [], stateDirectory: stateDirectory,
-            passwordHashing: passwordHashing, publishedGenerations: PublishedGenerations(), itemRowsVersion: nil))
+            passwordHashing: passwordHashing))
     }
 
     /// A store's keys and settings; what a reader's store takes from the writer's: Sendable
@@ -66,15 +47,12 @@ public final class VaultStore {
         let wrappingKey: WrappingKey, attributeKey: AttributeKey, blindIndexKey: BlindIndexKey, auditKey: AuditKey
         let generationKey: MACKey, searchKey: MACKey
         let fileIdentities: [StateDirectory.FileIdentity], stateDirectory: String, passwordHashing: PasswordHashStrength
-        let publishedGenerations: PublishedGenerations
-        let itemRowsVersion: RowsVersion?
     }
 
     public var readerSeed: ReaderSeed {
         ReaderSeed(wrappingKey: wrappingKey, attributeKey: attributeKey, blindIndexKey: blindIndexKey, auditKey: auditKey,
                    generationKey: generationKey, searchKey: searchKey, fileIdentities: fileIdentities,
-                   stateDirectory: stateDirectory, passwordHashing: passwordHashing, publishedGenerations: publishedGenerations,
-                   itemRowsVersion: itemRowsVersion)
+                   stateDirectory: stateDirectory, passwordHashing: passwordHashing)
     }
 
     /// A read-only store over `db`, another connection to the writer's file, with its keys.
@@ -85,7 +63,6 @@ public final class VaultStore {
     private init(db: Database, isReader: Bool, _ seed: ReaderSeed) {
         self.db = db
         self.isReader = isReader
-        self.publishedGenerations = seed.publishedGenerations
         self.wrappingKey = seed.wrappingKey
         self.attributeKey = seed.attributeKey
         self.blindIndexKey = seed.blindIndexKey
@@ -95,7 +72,6 @@ public final class VaultStore {
         self.fileIdentities = seed.fileIdentities
         self.stateDirectory = seed.stateDirectory
         self.passwordHashing = seed.passwordHashing
-        self.itemRowsVersion = seed.itemRowsVersion
     }
 
     /// Opens (or, on first start, creates) the vault in `stateDirectory`.
@@ -152,7 +128,6 @@ public final class VaultStore {
         try store.backfillSearchIndex()
         // None when they cannot be named: then no reader opens, and the broker looks up on the writer.
         store.fileIdentities = (try? StateDirectory.openedFiles(db, at: dbPath, opened: fileIdentity)) ?? []
-        do { store.itemRowsVersion = try db.watchRows(of: "items") } catch { throw .from(error) }
         return store
     }
 

@@ -1,4 +1,5 @@
 import KeyholdCore
+import KeyholdProtocol
 
 /// How a Secret Service item's attribute map and Keyhold's (service, account) name meet.
 ///

@@ -1,7 +1,8 @@
 import Glibc
 import KeyholdCore
 
-/// The framing between the broker and its PAM helper, internal to KeyholdAuth.
+/// The framing between the broker and its PAM helper (KeyholdAuth on the broker's side,
+/// KeyholdPAMHelper on the helper's).
 ///
 /// Each frame is `kind (1 byte) ‖ payload length (4 bytes, big-endian) ‖ payload`. Both sides
 /// parse strictly: an unknown kind, a length over the kind's cap, or a payload that does not
@@ -17,7 +18,7 @@ package enum PAMFrameKind: UInt8 {
     case done = 0x11
 
     /// Largest payload accepted for the kind.
-    var maxPayload: Int {
+    package var maxPayload: Int {
         switch self {
         case .request: 6 * (2 + PAMRequestRules.maxFieldBytes) + 8
         case .answer: PAMRequestRules.maxConversationAnswerBytes
@@ -67,7 +68,13 @@ package struct PAMWireRequest: Equatable {
     package var serviceDirectory: String?
     package var deadlineSeconds: UInt32
 
-    func encode() -> [UInt8] {
+    package init(request: PAMRequest, serviceDirectory: String?, deadlineSeconds: UInt32) {
+        self.request = request
+        self.serviceDirectory = serviceDirectory
+        self.deadlineSeconds = deadlineSeconds
+    }
+
+    package func encode() -> [UInt8] {
         var out: [UInt8] = [1]  // format version
         let d = deadlineSeconds
         out += [UInt8(d >> 24), UInt8((d >> 16) & 0xFF), UInt8((d >> 8) & 0xFF), UInt8(d & 0xFF)]
