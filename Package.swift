@@ -29,6 +29,9 @@ let package = Package(
         .systemLibrary(name: "CTSS2", pkgConfig: "tss2-esys", providers: [.apt(["libtss2-dev"])]),
         // The few Linux calls Swift cannot make directly (SO_PEERCRED, prctl, accept4, sigmask).
         .target(name: "CKeyholdOS"),
+        // `keyhold rotate`'s COMMAND in a process group that dies with keyhold (a warden process,
+        // PR_SET_PDEATHSIG, the terminal's foreground group). The CLI's only: not compiled into root.
+        .target(name: "CKeyholdSpawn"),
 
         // The model every process shares: item and policy types, Outcome, limits, SecureBytes,
         // hex, printable escaping, the audit-export value types. No keys, no store, no SQLite.
@@ -58,7 +61,7 @@ let package = Package(
         .target(name: "KeyholdClient", dependencies: ["KeyholdProtocol", "KeyholdCore", "CKeyholdOS"]),
 
         // The `keyhold` command: argument parsing, terminal prompts, askpass, output formats.
-        .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS"]),
+        .target(name: "KeyholdCLI", dependencies: ["KeyholdClient", "KeyholdCore", "CKeyholdOS", "CKeyholdSpawn"]),
 
         // git-credential and docker-credential helpers: their protocol parsing and the one item mapping.
         .target(name: "KeyholdCredentialHelpers", dependencies: ["KeyholdClient", "KeyholdCore", "KeyholdCLI"]),

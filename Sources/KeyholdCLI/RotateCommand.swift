@@ -1,4 +1,5 @@
 import CKeyholdOS
+import CKeyholdSpawn
 import Glibc
 import KeyholdClient
 import KeyholdCore
@@ -74,7 +75,7 @@ enum RotateCommand {
 
     /// COMMAND with `input` on its stdin; its stdout if it exits 0 in time, else a thrown error.
     /// COMMAND does not outlive the rotation (issue 36 item 1): it runs in its own process
-    /// group (under a warden, CKeyholdOS/ckeyholdos_spawn.c), which is killed when COMMAND
+    /// group (under a warden, CKeyholdSpawn/ckeyholdspawn.c), which is killed when COMMAND
     /// exits, times out, when the broker's connection ends, by our SIGINT/SIGTERM/SIGHUP
     /// handlers, and by the warden if keyhold dies (kill -9: PR_SET_PDEATHSIG). On a
     /// terminal its group is the foreground one while it runs (it may prompt; Ctrl-C reaches it).

@@ -1,5 +1,5 @@
 #define _GNU_SOURCE
-#include "ckeyholdos_spawn.h"
+#include "ckeyholdspawn.h"
 
 #include <errno.h>
 #include <signal.h>

@@ -1,5 +1,5 @@
-#ifndef CKEYHOLDOS_SPAWN_H
-#define CKEYHOLDOS_SPAWN_H
+#ifndef CKEYHOLDSPAWN_H
+#define CKEYHOLDSPAWN_H
 
 #include <sys/types.h>
 
