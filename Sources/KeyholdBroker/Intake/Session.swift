@@ -258,6 +258,7 @@ struct Session {
         case .status: return status(request)
         case .rotate: return rotate(request)
         case .search: return search(request)
+        case .backup: return caller.uid == 0 ? backup(request) : deny(request, .backup, item: nil, Denial(.notAuthorized, "only root may back up the vault"))
         }
     }
 

@@ -60,6 +60,7 @@ extension Session {
         case .auditVerify, .auditVerifyExport: .auditVerify
         case .auditPrune: .auditPrune
         case .search: .search
+        case .backup: .backup
         }
     }
 
