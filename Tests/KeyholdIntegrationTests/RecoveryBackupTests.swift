@@ -208,4 +208,33 @@ import KeyholdTestSupport
         #expect(chain.contains("\"restore\"") && chain.contains("accept-rollback previous-state="), "\(chain.suffix(800))")
         #expect(other.cli(["audit", "verify"]).status == 0)
     }
+
+    /// A move to the TPM gives the vault a new key: the recovery wrap of the old key must not
+    /// pass for current (it would restore nothing written since), so it is reported stale and
+    /// backups are refused until a new recovery key is made.
+    @Test func aReKeyedVaultReportsItsRecoveryKeyStale() throws {
+        let tpm = try SoftwareTPM()
+        let b = try BrokerFixture(extraArguments: ["--key-protector", "file"])
+        b.stop()
+        _ = createRecoveryKey(b)
+        let migrated = runCommand(TestPaths.keyholdd, ["--state-dir", b.stateDirectory, "--migrate-key-protector", "tpm", "--tpm-tcti", tpm.tcti])
+        #expect(migrated.status == 0, "\(migrated.stderr)")
+        b.extraArguments = tpmArguments(tpm)
+        try b.start()
+        #expect(b.cli(["status"]).stdoutText.hasSuffix(" recovery-key=stale\n"))
+        #expect(b.brokerLog.contains("recovery key: STALE"))
+        let refused = b.cli(["backup", b.directory + "/stale.khb"])
+        #expect(refused.status != 0 && refused.stderr.contains("no longer wraps"), "\(refused.stderr)")
+        b.stop()
+        let key = createRecoveryKey(b, tpmArguments(tpm))
+        try b.start()
+        #expect(b.cli(["status"]).stdoutText.hasSuffix(" recovery-key=present\n"))
+        #expect(b.cli(["backup", b.directory + "/fresh.khb"]).status == 0)
+        b.stop()
+        // The new recovery key opens the backup made under the new vault key (file protector here).
+        let target = b.directory + "/restored"
+        let r = restore(b.directory + "/fresh.khb", into: target, key: key, ["--key-protector", "file"])
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(FileManager.default.fileExists(atPath: target + "/vault.key"))
+    }
 }
