@@ -237,4 +237,43 @@ import KeyholdTestSupport
         #expect(r.status == 0, "\(r.stderr)")
         #expect(FileManager.default.fileExists(atPath: target + "/vault.key"))
     }
+
+    /// An older backup restored over the running machine's vault (same TPM, an anchor file):
+    /// refused without `--accept-rollback`; accepted, it is the new baseline, so the TPM
+    /// counter and the anchor, both ahead of it, do not refuse the next start.
+    @Test func anOlderBackupOverTheVaultNeedsAcceptanceAndBecomesTheBaseline() throws {
+        let tpm = try SoftwareTPM()
+        let anchorDirectory = TestPaths.temporaryDirectory("kha")
+        let anchor = ["--rollback-anchor", anchorDirectory + "/anchor"]
+        let b = try BrokerFixture(extraArguments: tpmArguments(tpm) + anchor)
+        b.stop()
+        let key = createRecoveryKey(b, tpmArguments(tpm) + anchor)
+        try b.start()
+        #expect(b.cli(["put", "before", "acct"], stdin: Array("old".utf8)).status == 0)
+        let file = b.directory + "/older.khb"
+        #expect(b.cli(["backup", file]).status == 0)
+        for i in 0..<5 { #expect(b.cli(["put", "after-\(i)", "acct"], stdin: Array("new".utf8)).status == 0) }
+        b.stop()
+
+        let refused = restore(file, into: b.stateDirectory, key: key, tpmArguments(tpm) + anchor)
+        #expect(refused.status == 2, "\(refused.stderr)")
+        let accepted = restore(file, into: b.stateDirectory, key: key, tpmArguments(tpm) + anchor + ["--accept-rollback"])
+        #expect(accepted.status == 0, "\(accepted.stderr)")
+        try b.start()
+        expectSecret(b.cli(["get", "before", "acct"]).stdout, equals: Array("old".utf8))
+        #expect(b.cli(["state", "after-0", "acct"]).stdoutText == "not-found\n")
+        #expect(b.cli(["audit", "verify"]).status == 0)
+        #expect(b.cli(["audit", "--json"]).stdoutText.contains("accept-rollback previous-state="))
+        b.stop()
+        // ... and it is watched from there: a copy of the restored state taken now, put back
+        // after one more write, is refused like any rollback.
+        let copy = b.directory + "/restored-copy"
+        #expect(runCommand("/bin/cp", ["-a", b.stateDirectory, copy]).status == 0)
+        try b.start()
+        #expect(b.cli(["put", "later", "acct"], stdin: Array("x".utf8)).status == 0)
+        b.stop()
+        let rolled = runCommand(TestPaths.keyholdd, ["--state-dir", copy, "--socket", b.directory + "/once.sock",
+                                                     "--syslog-socket", b.directory + "/no-log"] + tpmArguments(tpm) + anchor)
+        #expect(rolled.status == 13, "\(rolled.stderr)")
+    }
 }

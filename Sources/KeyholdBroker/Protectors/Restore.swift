@@ -100,18 +100,18 @@ enum VaultRestore {
         var st = stat()
         guard fstat(fd, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { throw .usage("\(path) is not a regular file") }
         guard st.st_size > 0, st.st_size <= maxBackupBytes else { throw .recovery(.notABackup) }
-        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
-        let complete = bytes.withUnsafeMutableBytes { buf -> Bool in
-            var done = 0
-            while done < buf.count {
-                let n = read(fd, buf.baseAddress! + done, buf.count - done)
-                if n < 0 && errno == EINTR { continue }
-                guard n > 0 else { return false }
-                done += n
-            }
-            return true
+        // Read to EOF in blocks, within the size fstat gave (a file growing meanwhile is refused).
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(Int(st.st_size))
+        var block = [UInt8](repeating: 0, count: 1 << 20)
+        while true {
+            let n = read(fd, &block, block.count)
+            if n < 0 && errno == EINTR { continue }
+            guard n >= 0 else { throw .usage("cannot read \(path) (errno \(errno))") }
+            if n == 0 { break }
+            guard bytes.count + n <= Int(st.st_size) else { throw .usage("\(path) changed while it was read") }
+            bytes += block[0..<n]
         }
-        guard complete else { throw .usage("cannot read \(path)") }
         return bytes
     }
 
