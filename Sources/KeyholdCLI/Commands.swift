@@ -72,7 +72,7 @@ public enum KeyholdCommand {
                 secret-tool, python keyring and desktop apps keep their secrets in the vault. It
                 holds no key: every call goes to the broker as you.
                 """),
-            ImportCommand.spec, ExportCommand.spec,
+            ImportCommand.spec, ExportCommand.spec, BackupCommand.spec,
             CommandSpec("demo", options: [
                 OptionSpec("--non-interactive", help: "answer the demo prompt through an askpass program"),
             ], summary: "Starts a broker on a temporary vault, stores, reads, lists and audits; then cleans up."),
@@ -114,6 +114,7 @@ public enum KeyholdCommand {
             case "audit export": try AuditCommands.export(vault, c)
             case "audit prune": try AuditCommands.prune(vault, c)
             case "export": return try ExportCommand.run(vault, c)
+            case "backup": return try BackupCommand.run(vault, c)
             case _ where ImportCommand.handles(c.name): return try ImportCommand.run(vault, c)
             case "demo": return Demo.run(nonInteractive: c.flag("--non-interactive"))
             default: throw .invalidRequest("unknown command")

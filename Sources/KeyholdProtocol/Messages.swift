@@ -14,6 +14,9 @@ public enum Operation: UInt8, Sendable, CaseIterable {
     /// The caller's items whose attribute map holds every pair of `Request.searchAttributes`
     /// (all of them for an empty query); answered like `list` (`.items` batches, then the response).
     case search
+    /// Root only: the broker writes a backup of the vault to the file `Request.label` names
+    /// (an absolute path it creates 0600; see VaultStore+Backup.swift).
+    case backup
 
     /// Operations that name one item.
     var needsItem: Bool { [.put, .get, .delete, .state, .rotate].contains(self) }

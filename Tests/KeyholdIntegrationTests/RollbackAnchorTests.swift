@@ -44,7 +44,7 @@ import KeyholdTestSupport
         let anchor = outside + "/anchor"
         let b = try BrokerFixture(extraArguments: ["--key-protector", "file", "--rollback-anchor", anchor])
         #expect(b.brokerLog.contains("rollback of the state directory alone is detected by the anchor"))
-        #expect(b.cli(["status"]).stdoutText == "key-protector=file rollback-detection=anchor-file\n")
+        #expect(b.cli(["status"]).stdoutText == "key-protector=file rollback-detection=anchor-file recovery-key=none\n")
         #expect(b.cli(["put", "revoked", "token"], stdin: Array("old-token".utf8)).status == 0)
         #expect(b.cli(["put", "gated", "x", "--policy", "device-passcode"], stdin: Array("g".utf8)).status == 0)
         b.stop()

@@ -30,7 +30,7 @@ import KeyholdTestSupport
         expectSecret(b.cli(["get", "svc", "acct"]).stdout, equals: secret)
         #expect(b.brokerLog.contains("key protector: tpm"))
         let status = b.cli(["status"])
-        #expect(status.status == 0 && status.stdoutText == "key-protector=tpm rollback-detection=tpm-counter\n", "\(status.stdoutText)")
+        #expect(status.status == 0 && status.stdoutText == "key-protector=tpm rollback-detection=tpm-counter recovery-key=none\n", "\(status.stdoutText)")
         // The audit names the protector of every start.
         let audit = b.cli(["audit", "--json"]).stdoutText
         #expect(audit.contains("broker-start") && audit.contains("key-protector=tpm"), "\(audit)")

@@ -36,6 +36,20 @@ public enum BrokerMain {
                 fail("cannot migrate the key protector of \(options.stateDirectory): \(error)", code: Int32(error.outcome.rawValue))
             }
         }
+        if options.createRecoveryKey {
+            do throws(StoreError) {
+                KeyProtectorStart.note(try RecoveryKeySetup.run(options: options, executable: helper))
+                exit(0)
+            } catch {
+                fail("cannot create a recovery key for \(options.stateDirectory): \(error)", code: Int32(error.outcome.rawValue))
+            }
+        }
+        if let file = options.restoreFile {
+            do throws(VaultRestore.Failure) {
+                print(try VaultRestore.run(file: file, options: options, executable: helper))
+                exit(0)
+            } catch { fail("cannot restore \(file): \(error.text)", code: error.code) }
+        }
 
         let store: VaultStore
         let protector: KeyProtectorKind
@@ -70,12 +84,13 @@ public enum BrokerMain {
         let broker = Broker(store: store, gate: ReleaseGate(authenticator: authenticator, fprintStateDirectory: options.fprintStateDirectory),
                             syslog: AuditSyslog(socketPath: options.syslogSocket),
                             reserve: FreeSpaceReserve(directory: options.stateDirectory, bytes: options.freeSpaceReserve),
-                            protection: VaultProtection(keyProtector: protector, anchored: anchor != nil),
+                            protection: VaultProtection(keyProtector: protector, anchored: anchor != nil, recovery: store.recoveryState()),
                             anchor: anchor, counter: counter)
         for entry in startEntries { broker.syslog.record(entry) }
 
         // Before the socket listens: whoever can connect can also read how the key is kept.
         broker.log(KeyProtectorSetup.startLine(protector, options, bound: boundPCRs))
+        broker.log(RecoveryKeySetup.startLine(broker.protection.recovery))
         // Whether `--allow-exe` can tell the process that connected from one that took its pid.
         broker.log(ckh_kernel_has_peer_pidfd() == 1 ? "callers: each connection names its process (SO_PEERPIDFD)"
                    : "callers: no SO_PEERPIDFD on this kernel; --allow-exe checks the connecting process by pid number, "

@@ -30,6 +30,10 @@ public struct BrokerOptions: Sendable, Equatable {
     /// without a TPM), and the administrator's decision to serve a vault that is behind it.
     public var rollbackAnchor: String?
     public var acceptRollback = false
+    /// Wrap the vault key under a new recovery key, print it once, and exit (RecoveryKeySetup).
+    public var createRecoveryKey = false
+    /// Restore the vault from this backup file and exit (Restore.swift).
+    public var restoreFile: String?
 
     public static let usage = """
         usage: keyholdd [--state-dir DIR] [--socket PATH] [--socket-mode OCTAL]
@@ -38,6 +42,8 @@ public struct BrokerOptions: Sendable, Equatable {
                         [--key-protector auto|tpm|file] [--tpm-tcti CONF] [--tpm-pcrs LIST]
                         [--rollback-anchor PATH [--accept-rollback]]
                keyholdd --migrate-key-protector tpm|file [--state-dir DIR] [--tpm-tcti CONF] [--tpm-pcrs LIST]
+               keyholdd --create-recovery-key [--state-dir DIR] [--tpm-tcti CONF]
+               keyholdd --restore FILE [--state-dir DIR] [--key-protector auto|tpm|file] [--accept-rollback]
                keyholdd --version
 
         The Keyhold broker: owns the vault, authenticates callers through PAM, audits every
@@ -60,6 +66,10 @@ public struct BrokerOptions: Sendable, Equatable {
           --rollback-anchor PATH  also record the audit head in PATH (outside the state directory);
                                   refuse a vault restored from an older copy
           --accept-rollback       serve such a vault anyway (audited), and re-anchor it
+          --create-recovery-key   wrap the vault key under a new recovery key (creating the vault
+                                  if needed), print it once on stdout, and exit
+          --restore FILE          restore a backup made by `keyhold backup` into an empty state
+                                  directory (recovery key read from stdin) and exit
           --version               print the version and exit
         """
 
@@ -96,6 +106,8 @@ public struct BrokerOptions: Sendable, Equatable {
             case "--tpm-tcti": tpmTCTI = try value(a)
             case "--rollback-anchor": rollbackAnchor = try value(a)
             case "--accept-rollback": acceptRollback = true
+            case "--create-recovery-key": createRecoveryKey = true
+            case "--restore": restoreFile = try value(a)
             case "--tpm-pcrs":
                 guard let p = PCRSelection(list: try value(a)) else { throw .bad("--tpm-pcrs wants PCR numbers 0-23 such as 0,7") }
                 tpmPCRs = p

@@ -159,8 +159,9 @@ enum KeyProtectorSetup {
 struct VaultProtection: Sendable {
     let keyProtector: KeyProtectorKind
     var anchored = false
+    var recovery = RecoveryState.none
     var statusText: String {
         let detection = [keyProtector == .tpm ? "tpm-counter" : nil, anchored ? "anchor-file" : nil].compactMap { $0 }
-        return "key-protector=\(keyProtector.rawValue) rollback-detection=\(detection.isEmpty ? "none" : detection.joined(separator: "+"))"
+        return "key-protector=\(keyProtector.rawValue) rollback-detection=\(detection.isEmpty ? "none" : detection.joined(separator: "+")) \(RecoveryKeySetup.statusText(recovery))"
     }
 }

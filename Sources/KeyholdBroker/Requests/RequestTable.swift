@@ -46,6 +46,8 @@ struct RequestKind: Sendable {
                     audit: .auditVerify) { $0.auditVerifyExport($1) },
         RequestKind(operation: .auditPrune, namesItem: false, rootOnly: "only root may prune the audit log", mayPrompt: false, releases: false,
                     audit: .auditPrune) { $0.auditPrune($1) },
+        RequestKind(operation: .backup, namesItem: false, rootOnly: "only root may back up the vault", mayPrompt: false, releases: false,
+                    audit: .backup) { $0.backup($1) },
     ]
 
     /// The row that serves `request` (every request decodes to exactly one).

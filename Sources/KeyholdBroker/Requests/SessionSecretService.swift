@@ -73,6 +73,7 @@ extension Session {
         case .auditVerify, .auditVerifyExport: .auditVerify
         case .auditPrune: .auditPrune
         case .search: .search
+        case .backup: .backup
         }
     }
 

@@ -22,6 +22,13 @@ public enum AuditOperation: String, Sendable, CaseIterable {
     case status
     /// `keyholdd --accept-rollback`: an administrator chose to serve a vault behind its anchor.
     case acceptRollback = "accept-rollback"
+    /// `keyholdd --create-recovery-key`: the vault key wrapped under a new recovery key (the
+    /// reason names its identity, and whether it replaced one).
+    case recoveryKeyCreate = "recovery-key-create"
+    /// `keyhold backup`: a snapshot of the vault written (the reason names the file).
+    case backup
+    /// `keyholdd --restore`: this vault was restored from a backup (the reason names it).
+    case restore
 }
 
 /// How the broker decided.

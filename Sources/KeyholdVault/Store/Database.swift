@@ -75,6 +75,24 @@ public final class Database {
         }
     }
 
+    /// A consistent image of the whole database, as a file of it would hold (`keyhold backup`):
+    /// SQLite's online backup into an in-memory database in one read transaction, then serialized.
+    func backupImage() throws(DatabaseError) -> [UInt8] {
+        let source = try db
+        let memory = try Database(path: ":memory:", create: true)
+        defer { memory.close() }
+        let destination = try memory.db
+        guard let b = sqlite3_backup_init(destination, "main", source, "main") else { throw DatabaseError(code: sqlite3_errcode(destination)) }
+        let step = sqlite3_backup_step(b, -1)
+        let finish = sqlite3_backup_finish(b)
+        guard step == SQLITE_DONE else { throw DatabaseError(code: step) }
+        guard finish == SQLITE_OK else { throw DatabaseError(code: finish) }
+        var size: sqlite3_int64 = 0
+        guard let p = sqlite3_serialize(destination, "main", &size, 0) else { throw DatabaseError(code: SQLITE_NOMEM) }
+        defer { sqlite3_free(p) }
+        return Array(UnsafeBufferPointer(start: p, count: Int(size)))
+    }
+
     /// Runs one or more statements without results (schema, pragmas that return nothing).
     public func execute(_ sql: String) throws(DatabaseError) {
         let h = try db
