@@ -35,14 +35,22 @@ extension Session {
     /// Opens the secret and commits its release entry; nothing is returned before that entry is
     /// in. The row is read again under the writer and must still carry the access the gate
     /// judged on `item` (else *conflict*): a policy tightened while the gate ran never releases
-    /// the new secret.
-    func release(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?) -> Result<Opened, Denial> {
+    /// the new secret. A rotation's release records its lease (`leaseUntil`) in the same
+    /// transaction, so a secret never leaves for a COMMAND without a lease a restarted broker honours.
+    func release(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
+                 leaseUntil: Int64? = nil) -> Result<Opened, Denial> {
         // Only a row of the request table that releases may (`RequestKind.releases`).
         guard kind?.releases == true else { return .failure(Denial(.otherError)) }
         let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
         let result = broker.transact(record, { (store) throws(StoreError) -> Opened in
             let opened = try store.openCurrentSecret(item, appPassword: appPassword)
-            do throws(StoreError) { try store.append(record) } catch { opened.secret.wipe(); throw error }
+            do throws(StoreError) {
+                if let leaseUntil { try store.recordRotationLease(item.id, until: leaseUntil) }
+                try store.append(record)
+            } catch {
+                opened.secret.wipe()
+                throw error
+            }
             return opened
         }, discard: { $0.secret.wipe() })
         switch result {

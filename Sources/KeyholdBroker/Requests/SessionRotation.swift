@@ -72,7 +72,7 @@ extension Session {
         // Already rotated while this caller waited: no COMMAND will run, no lease to record.
         let runsCommand = current.generation == item.generation
         let wallDeadline = runsCommand ? currentMicroseconds() + (seconds + 5_000) * 1_000 : nil
-        switch releaseLeased(current, request, method: method, appPassword: appPassword, until: wallDeadline) {
+        switch release(current, request, method: method, appPassword: appPassword, leaseUntil: wallDeadline) {
         case .failure(let d): return d.outcome == .auditUnavailable ? Response(.auditUnavailable) : deny(request, .get, item: current, d)
         case .success(let opened): (secret, released) = (opened.secret, opened.current)
         }
@@ -133,30 +133,6 @@ extension Session {
             }
         } catch {
             return .cutOff
-        }
-    }
-
-    /// The release of a rotation: `Session.release`'s work (open the current row, append its
-    /// entry), with the lease recorded in the same transaction, so a secret never leaves for a
-    /// COMMAND without a lease a restarted broker will honour.
-    private func releaseLeased(_ item: StoredItem, _ request: Request, method: AuthMethod, appPassword: AppPasswordKey?,
-                               until: Int64?) -> Result<Opened, Denial> {
-        let record = event(request, .get, item: item, decision: .granted, method: method, outcome: .ok).record()
-        let result = broker.transact(record, { (store) throws(StoreError) -> Opened in
-            let opened = try store.openCurrentSecret(item, appPassword: appPassword)
-            do throws(StoreError) {
-                if let until { try store.recordRotationLease(item.id, until: until) }
-                try store.append(record)
-            } catch {
-                opened.secret.wipe()
-                throw error
-            }
-            return opened
-        }, discard: { $0.secret.wipe() })
-        switch result {
-        case .success(let opened): return .success(opened)
-        case .failure(.appPasswordWrong): return .failure(Denial(.authenticationFailed, "wrong application password"))
-        case .failure(let error): return .failure(Denial(error.outcome))
         }
     }
 
